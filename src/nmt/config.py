@@ -1,0 +1,132 @@
+"""params.yaml: load, validate against the JSON schema, resolve recipes, name run folders."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
+RECIPE_SECTIONS = ("vocab", "model", "train", "evaluate")
+
+
+class NmtError(Exception):
+    """A problem the user can fix; the CLI prints it as one line and exits non-zero."""
+
+
+def find_schema(params_path: Path) -> Path:
+    """The schema sits at workflow/schemas/ beside params.yaml (the repo root)."""
+    schema = Path(params_path).resolve().parent / SCHEMA_PATH
+    if not schema.is_file():
+        raise NmtError(f"schema not found at {schema} (fix: run from the repository root)")
+    return schema
+
+
+def _key(path) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def schema_error_line(err: jsonschema.ValidationError) -> str:
+    """Turn a jsonschema error into one line that names the key and the fix."""
+    where = _key(err.absolute_path)
+    if err.validator == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        unknown = sorted(set(err.instance) - set(allowed))
+        hint = f"allowed keys: {', '.join(allowed)}" if allowed else "see params.yaml"
+        return f"{where}: unknown key {', '.join(map(repr, unknown))} (fix: remove it; {hint})"
+    if err.validator == "required":
+        return f"{where}: {err.message} (fix: add it, as in the repository's params.yaml)"
+    if err.validator == "enum":
+        choices = ", ".join(map(repr, err.validator_value))
+        return f"{where}: {err.instance!r} is not allowed (fix: use one of {choices})"
+    return f"{where}: {err.message} (fix: see workflow/schemas/params.schema.yaml)"
+
+
+def check_schema(params: dict, schema_path: Path) -> None:
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = jsonschema.exceptions.best_match(errors)
+        # allOf wraps section errors; best_match descends into them, keep the deepest one.
+        while err.context:
+            err = jsonschema.exceptions.best_match(err.context)
+        raise NmtError(f"params.yaml: {schema_error_line(err)}")
+
+
+def check_semantics(params: dict) -> None:
+    """Rules across keys that a JSON schema cannot express; checked for every recipe."""
+    if params["data"]["source_lang"] == params["data"]["target_lang"]:
+        raise NmtError("params.yaml: data.source_lang equals data.target_lang (fix: de and en)")
+    for name in params["pipeline"]["recipes"]:
+        if name not in params["recipes"]:
+            known = ", ".join(params["recipes"]) or "none"
+            raise NmtError(
+                f"params.yaml: pipeline.recipes names {name!r}, which recipes: does not define "
+                f"(fix: add recipes.{name} or use one of: {known})"
+            )
+    for name in params["recipes"]:
+        r = resolve(params, name, check=False)
+        m, t = r["model"], r["train"]
+        where = f"recipes.{name}" if name != "published" else "model"
+        if m["d_model"] % m["nhead"]:
+            raise NmtError(
+                f"params.yaml: {where}: d_model {m['d_model']} is not divisible by nhead "
+                f"{m['nhead']} (fix: make d_model a multiple of nhead)"
+            )
+        if m["tie_embeddings"] and r["vocab"]["kind"] != "bpe":
+            raise NmtError(
+                f"params.yaml: {where}: tie_embeddings needs one shared vocabulary "
+                "(fix: set vocab.kind: bpe or tie_embeddings: false)"
+            )
+        if t["average_last"] > t["epochs"]:
+            raise NmtError(
+                f"params.yaml: {where}: train.average_last {t['average_last']} exceeds "
+                f"train.epochs {t['epochs']} (fix: lower average_last)"
+            )
+
+
+def validate(params: dict, schema_path: Path) -> dict:
+    check_schema(params, schema_path)
+    check_semantics(params)
+    return params
+
+
+def load_params(path: str | Path = "params.yaml") -> dict:
+    """Read and validate params.yaml; every error is one NmtError line."""
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"{path}: not found (fix: run from the repository root or pass --params)")
+    try:
+        params = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise NmtError(f"{path}: not valid YAML{at} (fix: correct the syntax)") from None
+    if not isinstance(params, dict):
+        raise NmtError(f"{path}: expected a mapping of sections (fix: see the repository's copy)")
+    return validate(params, find_schema(path))
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def resolve(params: dict, recipe: str, check: bool = True) -> dict[str, Any]:
+    """The sections of one recipe: the top level with recipes.<recipe> merged over it."""
+    if check and recipe not in params["recipes"]:
+        known = ", ".join(params["recipes"])
+        raise NmtError(f"unknown recipe {recipe!r} (fix: use one of: {known})")
+    resolved = {k: copy.deepcopy(v) for k, v in params.items() if k not in ("recipes", "pipeline")}
+    return _merge(resolved, params["recipes"].get(recipe, {}))
+
+
+def run_name(recipe: str, model: str) -> str:
+    """A run is one (recipe, model) pair; its outputs live in results/<run>/."""
+    return f"{recipe}-{model}"

@@ -1,0 +1,97 @@
+"""Token-id datasets and batches: <bos>/<eos> added, <pad> padded, seeded shuffling.
+
+Two ways to batch, chosen by train.batch_by:
+- sentences: a fixed number of sentences a batch (the published setting);
+- tokens: length-bucketed batches of up to max_tokens padded tokens (far less padding).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from nmt.tokenize import read_lines, read_tokens
+from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
+
+Pair = tuple[list[int], list[int]]
+
+
+def load_pairs(tokenized_dir: Path, split: str, src_codec, tgt_codec, max_len: int) -> list[Pair]:
+    """(source ids, target ids) of one split, each wrapped in <bos> ... <eos>, cut to max_len."""
+    tokenized_dir = Path(tokenized_dir)
+
+    def side(codec):
+        if codec.kind == "word":
+            sents = read_tokens(tokenized_dir / f"{split}.{codec.lang}.tok")
+        else:
+            sents = read_lines(tokenized_dir / f"{split}.{codec.lang}.txt")
+        # Over-long sentences keep their first max_len - 2 tokens and still end in <eos>.
+        return [[BOS_ID] + codec.encode(s)[: max_len - 2] + [EOS_ID] for s in sents]
+
+    return list(zip(side(src_codec), side(tgt_codec), strict=True))
+
+
+def pad(seqs: list[list[int]]) -> torch.Tensor:
+    """(B, T) LongTensor, right-padded with <pad>."""
+    out = torch.full((len(seqs), max(map(len, seqs))), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+def collate(pairs: list[Pair]) -> tuple[torch.Tensor, torch.Tensor]:
+    return pad([p[0] for p in pairs]), pad([p[1] for p in pairs])
+
+
+def sentence_batches(n: int, batch_size: int, rng: random.Random | None) -> list[list[int]]:
+    """Index lists of batch_size sentences, in a shuffled order when rng is given."""
+    order = list(range(n))
+    if rng is not None:
+        rng.shuffle(order)
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def token_batches(pairs: list[Pair], max_tokens: int, rng: random.Random | None) -> list[list[int]]:
+    """Index lists grouped by length so each batch holds at most max_tokens padded tokens."""
+    keys = [(max(len(s), len(t)), rng.random() if rng else 0.0, i) for i, (s, t) in
+            enumerate(pairs)]
+    keys.sort()  # by length; the random key shuffles sentences of equal length
+    batches, batch, longest = [], [], 0
+    for length, _, i in keys:
+        if batch and max(longest, length) * (len(batch) + 1) > max_tokens:
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(i)
+        longest = max(longest, length)
+    if batch:
+        batches.append(batch)
+    if rng is not None:
+        rng.shuffle(batches)
+    return batches
+
+
+class Batches:
+    """An epoch's worth of (src, tgt) LongTensor batches; reshuffled with seed + epoch."""
+
+    def __init__(self, pairs: list[Pair], batch_by: str, batch_size: int, max_tokens: int,
+                 shuffle: bool, seed: int = 0):
+        self.pairs, self.batch_by = pairs, batch_by
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+
+    def indices(self) -> list[list[int]]:
+        rng = random.Random(self.seed + self.epoch) if self.shuffle else None
+        if self.batch_by == "tokens":
+            return token_batches(self.pairs, self.max_tokens, rng)
+        return sentence_batches(len(self.pairs), self.batch_size, rng)
+
+    def __len__(self) -> int:
+        return len(self.indices())
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for idx in self.indices():
+            yield collate([self.pairs[i] for i in idx])
+        self.epoch += 1

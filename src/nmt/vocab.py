@@ -1,0 +1,153 @@
+"""Stage vocab: word vocabularies from spaCy tokens, or one joint SentencePiece BPE model.
+
+Both kinds put the specials <unk> <pad> <bos> <eos> at ids 0..3 and are read back through
+`load_codecs`, which gives each side an object that turns a sentence into ids and ids back
+into a detokenized sentence.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from nmt.config import NmtError
+from nmt.files import atomic_dir, read_json, write_json
+from nmt.tokenize import detokenize, read_lines, read_tokens
+
+log = logging.getLogger("nmt.vocab")
+
+SPECIALS = ("<unk>", "<pad>", "<bos>", "<eos>")
+UNK_ID, PAD_ID, BOS_ID, EOS_ID = range(4)
+
+
+class Vocab:
+    """Token <-> id for one language; unknown tokens map to <unk>."""
+
+    def __init__(self, itos: list[str]):
+        if tuple(itos[:4]) != SPECIALS:
+            raise NmtError(f"vocabulary must start with {SPECIALS} (fix: re-run `nmt vocab`)")
+        self.itos = itos
+        self.stoi = {t: i for i, t in enumerate(itos)}
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def ids(self, tokens: list[str]) -> list[int]:
+        return [self.stoi.get(t, UNK_ID) for t in tokens]
+
+    def tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.itos[i] for i in ids]
+
+
+def build_vocab(sentences: Iterable[list[str]], min_freq: int) -> Vocab:
+    """Specials first, then tokens by descending count, ties in order of first appearance."""
+    counts = Counter()
+    for tokens in sentences:
+        counts.update(tokens)
+    # Counter keeps insertion (first-appearance) order and sorted() is stable.
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    return Vocab(list(SPECIALS) + [t for t, c in ranked if c >= min_freq and t not in SPECIALS])
+
+
+class WordCodec:
+    """Sentences as spaCy tokens; output detokenized by rule."""
+
+    kind = "word"
+
+    def __init__(self, vocab: Vocab, lang: str):
+        self.vocab, self.lang = vocab, lang
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, tokens: list[str]) -> list[int]:
+        return self.vocab.ids(tokens)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return detokenize(self.vocab.tokens(i for i in ids if i >= len(SPECIALS)))
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return self.vocab.tokens(ids)
+
+
+class BpeCodec:
+    """Raw sentences through one joint SentencePiece BPE model (lossless detokenization)."""
+
+    kind = "bpe"
+
+    def __init__(self, model_path: Path, lang: str):
+        import sentencepiece as spm
+
+        self.sp = spm.SentencePieceProcessor(model_file=str(model_path))
+        self.lang = lang
+
+    def __len__(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.sp.decode([i for i in ids if i >= len(SPECIALS)])
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.sp.id_to_piece(i) for i in ids]
+
+
+def build(tokenized_dir: Path, out_dir: Path, vocab_cfg: dict, src: str, tgt: str) -> dict:
+    """Write the vocabulary of one recipe to out_dir; return its summary (also meta.json)."""
+    tokenized_dir = Path(tokenized_dir)
+    with atomic_dir(out_dir) as tmp:
+        if vocab_cfg["kind"] == "word":
+            sizes = {}
+            for side, lang in (("src", src), ("tgt", tgt)):
+                v = build_vocab(read_tokens(tokenized_dir / f"train.{lang}.tok"),
+                                vocab_cfg["min_freq"])
+                write_json(tmp / f"{side}.json", v.itos)
+                sizes[side] = len(v)
+        else:
+            sizes = _train_bpe(tokenized_dir, tmp, vocab_cfg["bpe_size"], src, tgt)
+        meta = {"kind": vocab_cfg["kind"], "source_lang": src, "target_lang": tgt,
+                "src_size": sizes["src"], "tgt_size": sizes["tgt"], **vocab_cfg}
+        write_json(tmp / "meta.json", meta)
+    log.info("%s vocabulary: source %d, target %d -> %s",
+             vocab_cfg["kind"], sizes["src"], sizes["tgt"], out_dir)
+    return meta
+
+
+def _train_bpe(tokenized_dir: Path, out: Path, size: int, src: str, tgt: str) -> dict:
+    import sentencepiece as spm
+
+    corpus = out / "train.joint.txt"
+    lines = read_lines(tokenized_dir / f"train.{src}.txt") + read_lines(
+        tokenized_dir / f"train.{tgt}.txt")
+    corpus.write_text("\n".join(lines) + "\n", "utf-8")
+    try:
+        spm.SentencePieceTrainer.train(
+            input=str(corpus), model_prefix=str(out / "spm"), model_type="bpe",
+            vocab_size=size, character_coverage=1.0, num_threads=1,
+            unk_id=UNK_ID, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            unk_piece=SPECIALS[0], pad_piece=SPECIALS[1], bos_piece=SPECIALS[2],
+            eos_piece=SPECIALS[3], minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise NmtError(f"SentencePiece could not train a {size}-piece model ({e}) "
+                       "(fix: lower vocab.bpe_size)") from None
+    finally:
+        corpus.unlink(missing_ok=True)
+    return {"src": size, "tgt": size}
+
+
+def load_codecs(vocab_dir: Path) -> tuple:
+    """(source codec, target codec) of one recipe's vocabulary folder."""
+    vocab_dir = Path(vocab_dir)
+    if not (vocab_dir / "meta.json").is_file():
+        raise NmtError(f"{vocab_dir}/meta.json is missing (fix: run `nmt vocab` first)")
+    meta = read_json(vocab_dir / "meta.json")
+    if meta["kind"] == "word":
+        return (WordCodec(Vocab(read_json(vocab_dir / "src.json")), meta["source_lang"]),
+                WordCodec(Vocab(read_json(vocab_dir / "tgt.json")), meta["target_lang"]))
+    model = vocab_dir / "spm.model"
+    return BpeCodec(model, meta["source_lang"]), BpeCodec(model, meta["target_lang"])

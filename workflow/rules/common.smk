@@ -1,0 +1,28 @@
+# Shared by the rules: the recipe and model lists, and params as rerun triggers.
+import json
+import sys
+from pathlib import Path
+
+# The package holds the rules a JSON schema cannot express (d_model % nhead, ...).
+sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
+from nmt.config import NmtError, check_semantics, resolve  # noqa: E402
+
+try:
+    check_semantics(config)
+except NmtError as e:
+    raise SystemExit(f"params.yaml: {e}")
+
+RECIPES = config["pipeline"]["recipes"]
+MODELS = config["pipeline"]["models"]
+CODE = "src/nmt"
+
+
+wildcard_constraints:
+    recipe="[a-z][a-z0-9_]*",
+    model="baseline|scratch",
+
+
+def section(name, recipe=None):
+    """One params section as JSON: Snakemake re-runs a rule whose params changed."""
+    source = resolve(config, recipe) if recipe else config
+    return json.dumps(source[name], sort_keys=True)

@@ -1,0 +1,63 @@
+# Model stages: verify (per recipe) -> train -> evaluate (per recipe and model).
+
+
+rule verify:
+    output:
+        "results/verify/{recipe}.json",
+    input:
+        tokenized="data/tokenized",
+        vocab="data/vocab/{recipe}",
+        code=[f"{CODE}/verify.py", f"{CODE}/data.py", f"{CODE}/models"],
+    params:
+        model=lambda w: section("model", w.recipe),
+    conda:
+        "../envs/nmt.yaml"
+    log:
+        "logs/verify/{recipe}.log",
+    shell:
+        "nmt verify --recipe {wildcards.recipe} --out {output} 2> {log}"
+
+
+rule train:
+    output:
+        best="results/{recipe}-{model}/best.pt",
+        last="results/{recipe}-{model}/last.pt",
+        summary="results/{recipe}-{model}/train.json",
+        history="results/{recipe}-{model}/history.csv",
+    input:
+        verified="results/verify/{recipe}.json",  # no training until the models are proven equal
+        tokenized="data/tokenized",
+        vocab="data/vocab/{recipe}",
+        code=[f"{CODE}/train.py", f"{CODE}/data.py", f"{CODE}/models"],
+    params:
+        model=lambda w: section("model", w.recipe),
+        train=lambda w: section("train", w.recipe),
+    resources:
+        gpu=1,  # the default profile caps gpu=1: two trainings never share one GPU
+    conda:
+        "../envs/nmt.yaml"
+    log:
+        "logs/train/{recipe}-{model}.log",
+    shell:
+        "nmt train --recipe {wildcards.recipe} --model {wildcards.model} 2> {log}"
+
+
+rule evaluate:
+    output:
+        metrics="results/{recipe}-{model}/metrics.json",
+        translations=directory("results/{recipe}-{model}/translations"),
+    input:
+        checkpoint="results/{recipe}-{model}/best.pt",
+        tokenized="data/tokenized",
+        vocab="data/vocab/{recipe}",
+        code=[f"{CODE}/evaluate.py", f"{CODE}/search.py", f"{CODE}/models"],
+    params:
+        evaluate=lambda w: section("evaluate", w.recipe),
+    resources:
+        gpu=1,
+    conda:
+        "../envs/nmt.yaml"
+    log:
+        "logs/evaluate/{recipe}-{model}.log",
+    shell:
+        "nmt evaluate --recipe {wildcards.recipe} --model {wildcards.model} 2> {log}"
