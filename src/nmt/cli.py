@@ -38,8 +38,9 @@ def cmd_vocab(args, params):
 def cmd_verify(args, params):
     from nmt.verify import verify
 
-    verify(resolve(params, args.recipe), args.tokenized, args.vocab / args.recipe,
-           args.out or RESULTS / "verify" / f"{args.recipe}.json")
+    passed = verify(resolve(params, args.recipe), args.tokenized, args.vocab / args.recipe,
+                    args.out or RESULTS / "verify" / f"{args.recipe}.json")
+    return 0 if passed else 1  # a failed check stops the pipeline before training
 
 
 def cmd_train(args, params):
@@ -73,6 +74,7 @@ def cmd_report(args, params):
 def cmd_bench(args, params):
     from nmt.bench import bench
 
+    args.recipe = args.recipe or params["bench"]["recipe"]
     bench(args, params)
 
 
@@ -154,14 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = stage("bench", cmd_bench,
               "Train both models for a fixed number of steps on the same real batches, then "
               "decode the same sentences greedily and with beam search; print a speed table.")
-    s.add_argument("--recipe", default="published")
+    s.add_argument("--recipe", default=None, help="default: bench.recipe from params")
     s.add_argument("--tokenized", type=Path, default=TOKENIZED)
     s.add_argument("--vocab", type=Path, default=VOCAB)
     s.add_argument("--device", default="auto")
-    s.add_argument("--steps", type=int, default=10, help="timed training steps a repeat")
-    s.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    s.add_argument("--repeats", type=int, default=3, help="the median of this many is shown")
-    s.add_argument("--sentences", type=int, default=64, help="sentences to decode")
+    # Defaults come from params.yaml's bench: section.
+    s.add_argument("--steps", type=int, default=None, help="timed training steps a repeat")
+    s.add_argument("--warmup", type=int, default=None, help="untimed steps first")
+    s.add_argument("--repeats", type=int, default=None, help="the median of this many is shown")
+    s.add_argument("--sentences", type=int, default=None, help="test sentences to decode")
     s.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p
 
@@ -172,11 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(name)s: %(message)s", stream=sys.stderr)
     try:
         params = load_params(args.params)
-        args.func(args, params)
+        return args.func(args, params) or 0
     except NmtError as e:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"nmt {args.stage}: interrupted; no half-written output was kept", file=sys.stderr)
         return 130
-    return 0

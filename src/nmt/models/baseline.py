@@ -1,0 +1,133 @@
+"""The baseline: torch.nn.Transformer wrapped as the PyTorch translation tutorial does."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+class TokenEmbedding(nn.Module):
+    """Token embedding scaled by sqrt(d_model)."""
+
+    def __init__(self, vocab_size: int, d_model: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.d_model = d_model
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embedding(tokens) * math.sqrt(self.d_model)  # (B, T, D)
+
+
+class PositionalEncoding(nn.Module):
+    """Sinusoidal positions added to the embeddings, then dropout."""
+
+    def __init__(self, d_model: int, dropout: float, max_len: int):
+        super().__init__()
+        den = torch.exp(-torch.arange(0, d_model, 2, dtype=torch.float64)
+                        * math.log(10000) / d_model)
+        pos = torch.arange(max_len, dtype=torch.float64).reshape(max_len, 1)
+        table = torch.zeros(max_len, d_model, dtype=torch.float64)
+        table[:, 0::2] = torch.sin(pos * den)
+        table[:, 1::2] = torch.cos(pos * den)
+        self.register_buffer("pos_embedding", table.float(), persistent=False)  # (L, D)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.size(1) > self.pos_embedding.size(0):
+            raise ValueError(f"sequence of {x.size(1)} positions exceeds "
+                             f"max_len={self.pos_embedding.size(0)}; raise model.max_len")
+        return self.dropout(x + self.pos_embedding[: x.size(1)])
+
+
+@dataclass
+class PrefixCache:
+    """Decoding state of the baseline: the prefix so far, re-run through the decoder each step."""
+
+    tokens: torch.Tensor  # (B, t)
+    memory: torch.Tensor  # (B, S, D)
+    src: torch.Tensor  # (B, S), for the memory padding mask
+
+    def reorder(self, index: torch.Tensor) -> "PrefixCache":
+        """Keep the rows in index (beam search's surviving hypotheses; rows may repeat)."""
+        self.tokens = self.tokens.index_select(0, index)
+        self.memory = self.memory.index_select(0, index)
+        self.src = self.src.index_select(0, index)
+        return self
+
+
+class BaselineTransformer(nn.Module):
+    """Embeddings, positions, nn.Transformer(batch_first=True) and a generator."""
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, num_encoder_layers: int = 6,
+                 num_decoder_layers: int = 6, d_model: int = 512, nhead: int = 8,
+                 dim_feedforward: int = 2048, dropout: float = 0.1, tie_embeddings: bool = False,
+                 max_len: int = 256, pad_id: int = 1):
+        super().__init__()
+        if tie_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(f"tie_embeddings needs one shared vocabulary, got source "
+                             f"{src_vocab_size} and target {tgt_vocab_size}; use vocab.kind bpe "
+                             "or set model.tie_embeddings false")
+        self.pad_id = pad_id
+        self.transformer = nn.Transformer(
+            d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
+            num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward,
+            dropout=dropout, batch_first=True)
+        self.generator = nn.Linear(d_model, tgt_vocab_size)
+        self.src_tok_emb = TokenEmbedding(src_vocab_size, d_model)
+        self.tgt_tok_emb = TokenEmbedding(tgt_vocab_size, d_model)
+        self.positional_encoding = PositionalEncoding(d_model, dropout, max_len)
+        if tie_embeddings:  # one matrix for source, target and output tokens
+            self.tgt_tok_emb.embedding.weight = self.src_tok_emb.embedding.weight
+            self.generator.weight = self.src_tok_emb.embedding.weight
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+
+    def embed_src(self, src: torch.Tensor) -> torch.Tensor:
+        return self.positional_encoding(self.src_tok_emb(src))  # (B, S, D)
+
+    def embed_tgt(self, tgt: torch.Tensor) -> torch.Tensor:
+        return self.positional_encoding(self.tgt_tok_emb(tgt))  # (B, T, D)
+
+    @staticmethod
+    def causal_mask(size: int, device) -> torch.Tensor:
+        """(T, T) bool, True above the diagonal: the future positions a query may not see."""
+        return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+        src_pad = src == self.pad_id  # (B, S) True at padding, nn.Transformer's convention
+        out = self.transformer(
+            self.embed_src(src), self.embed_tgt(tgt_in),
+            tgt_mask=self.causal_mask(tgt_in.size(1), tgt_in.device),
+            src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_in == self.pad_id,
+            memory_key_padding_mask=src_pad, tgt_is_causal=True)
+        return self.generator(out)
+
+    def encode(self, src: torch.Tensor) -> torch.Tensor:
+        """src (B, S) -> memory (B, S, D)."""
+        return self.transformer.encoder(self.embed_src(src),
+                                        src_key_padding_mask=src == self.pad_id)
+
+    def decoder_output(self, tgt_in, memory, src) -> torch.Tensor:
+        """Final decoder states (B, T, D)."""
+        return self.transformer.decoder(
+            self.embed_tgt(tgt_in), memory,
+            tgt_mask=self.causal_mask(tgt_in.size(1), tgt_in.device),
+            tgt_key_padding_mask=tgt_in == self.pad_id,
+            memory_key_padding_mask=src == self.pad_id, tgt_is_causal=True)
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor):
+        """Logits (B, T, V) of every next token; src only masks the memory's padding."""
+        return self.generator(self.decoder_output(tgt_in, memory, src))
+
+    def init_cache(self, memory: torch.Tensor, src: torch.Tensor) -> PrefixCache:
+        return PrefixCache(src.new_empty(src.size(0), 0), memory, src)
+
+    def decode_step(self, cache: PrefixCache, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed tokens (B,) at the next position; logits (B, V) of the token after them."""
+        cache.tokens = torch.cat([cache.tokens, tokens[:, None]], dim=1)  # (B, t)
+        # nn.Transformer has no cache: the whole prefix goes through the decoder again.
+        h = self.decoder_output(cache.tokens, cache.memory, cache.src)
+        return self.generator(h[:, -1])

@@ -1,0 +1,77 @@
+"""Scaled dot-product attention and multi-head attention (paper section 3.2).
+
+Masks are boolean and broadcast to (B, H, T, S): True where a query may attend a key,
+the convention of F.scaled_dot_product_attention.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def scaled_dot_product_attention(q, k, v, mask, scale: float, dropout: nn.Dropout):
+    """softmax(Q K^T * scale) V, eq. (1): output (B, H, T, Dh) and weights (B, H, T, S)."""
+    scores = (q * scale) @ k.transpose(-2, -1)  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0: masked keys get 0
+    weights = scores.softmax(dim=-1)
+    if mask is not None:
+        # A query that sees no key at all would be all -inf, softmax NaN; make its row 0.
+        weights = weights.masked_fill(~mask, 0.0)
+    weights = dropout(weights)
+    return weights @ v, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """H attention heads over learned projections, with one packed Q/K/V weight."""
+
+    def __init__(self, d_model: int, nhead: int, dropout: float):
+        super().__init__()
+        self.nhead, self.d_head = nhead, d_model // nhead
+        self.scale = 1.0 / math.sqrt(self.d_head)
+        # Rows [W_q; W_k; W_v], laid out as nn.MultiheadAttention's in_proj_weight.
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)  # on the attention weights, as nn.MultiheadAttention
+        self.fused = True  # F.scaled_dot_product_attention unless weights are requested
+        nn.init.zeros_(self.qkv.bias)  # nn.MultiheadAttention starts its biases at 0
+        nn.init.zeros_(self.out.bias)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.nhead, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+
+    def project_self(self, x: torch.Tensor):
+        """Queries, keys and values of x (B, T, D) in one matmul, each (B, H, T, Dh)."""
+        return [self.split_heads(t) for t in self.qkv(x).chunk(3, dim=-1)]
+
+    def project_query(self, x: torch.Tensor) -> torch.Tensor:
+        """Queries of x (B, T, D) for cross-attention: (B, H, T, Dh)."""
+        d = x.size(-1)
+        return self.split_heads(F.linear(x, self.qkv.weight[:d], self.qkv.bias[:d]))
+
+    def project_memory(self, memory: torch.Tensor):
+        """Keys and values of the encoder memory (B, S, D), each (B, H, S, Dh)."""
+        d = memory.size(-1)
+        kv = F.linear(memory, self.qkv.weight[d:], self.qkv.bias[d:])  # (B, S, 2D)
+        return [self.split_heads(t) for t in kv.chunk(2, dim=-1)]
+
+    def attend(self, q, k, v, mask, need_weights: bool = False):
+        """Attention of q over (k, v), heads concatenated and projected: (B, T, D), weights."""
+        if need_weights or not self.fused:
+            y, weights = scaled_dot_product_attention(q, k, v, mask, self.scale, self.dropout)
+        else:
+            p = self.dropout.p if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                               scale=self.scale)
+            weights = None
+        B, H, T, Dh = y.shape
+        y = y.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, D)
+        return self.out(y), weights
+
+    def forward(self, x: torch.Tensor, mask, need_weights: bool = False):
+        """Self-attention of x (B, T, D)."""
+        q, k, v = self.project_self(x)
+        return self.attend(q, k, v, mask, need_weights)

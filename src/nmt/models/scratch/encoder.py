@@ -1,0 +1,44 @@
+"""Encoder layer and encoder stack (paper section 3.1, left half of Figure 1)."""
+
+import torch
+import torch.nn as nn
+
+from nmt.models.scratch.attention import MultiHeadAttention
+from nmt.models.scratch.feed_forward import FeedForward
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each as LayerNorm(x + Dropout(sublayer(x)))."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, nhead, dropout)
+        self.ff = FeedForward(d_model, dim_feedforward, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False):
+        """x: (B, S, D), mask: (B, 1, 1, S); returns x and the attention weights (or None)."""
+        a, weights = self.self_attn(x, mask, need_weights)
+        x = self.norm1(x + self.dropout1(a))
+        x = self.norm2(x + self.dropout2(self.ff(x)))
+        return x, weights
+
+
+class Encoder(nn.Module):
+    """A stack of encoder layers and a final LayerNorm, as nn.TransformerEncoder has."""
+
+    def __init__(self, num_layers: int, d_model: int, nhead: int, dim_feedforward: int,
+                 dropout: float):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            EncoderLayer(d_model, nhead, dim_feedforward, dropout) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False):
+        """Memory (B, S, D) and each layer's self-attention weights (None unless needed)."""
+        weights = []
+        for layer in self.layers:
+            x, w = layer(x, mask, need_weights)
+            weights.append(w)
+        return self.norm(x), weights

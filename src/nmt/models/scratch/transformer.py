@@ -1,0 +1,96 @@
+"""The full encoder-decoder model of Figure 1, built from the blocks of this package."""
+
+import torch
+import torch.nn as nn
+
+from nmt.models.scratch.attention import MultiHeadAttention
+from nmt.models.scratch.decoder import Decoder, KVCache
+from nmt.models.scratch.embedding import Embeddings, PositionalEncoding
+from nmt.models.scratch.encoder import Encoder
+
+
+def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, 1, 1, S): True at real tokens, the keys every query may attend."""
+    return (tokens != pad_id)[:, None, None, :]
+
+
+def causal_mask(size: int, device) -> torch.Tensor:
+    """(T, T): True where query i may attend key j, that is j <= i."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).tril()
+
+
+class ScratchTransformer(nn.Module):
+    """Post-norm Transformer, the same architecture as torch.nn.Transformer, written by hand."""
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, num_encoder_layers: int = 6,
+                 num_decoder_layers: int = 6, d_model: int = 512, nhead: int = 8,
+                 dim_feedforward: int = 2048, dropout: float = 0.1, tie_embeddings: bool = False,
+                 max_len: int = 256, pad_id: int = 1):
+        super().__init__()
+        if tie_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(f"tie_embeddings needs one shared vocabulary, got source "
+                             f"{src_vocab_size} and target {tgt_vocab_size}; use vocab.kind bpe "
+                             "or set model.tie_embeddings false")
+        self.pad_id = pad_id
+        self.src_embed = Embeddings(src_vocab_size, d_model)
+        self.tgt_embed = Embeddings(tgt_vocab_size, d_model)
+        self.pos = PositionalEncoding(d_model, dropout, max_len)
+        self.encoder = Encoder(num_encoder_layers, d_model, nhead, dim_feedforward, dropout)
+        self.decoder = Decoder(num_decoder_layers, d_model, nhead, dim_feedforward, dropout)
+        self.generator = nn.Linear(d_model, tgt_vocab_size)
+        if tie_embeddings:  # one matrix for source, target and output tokens
+            self.tgt_embed.token.weight = self.src_embed.token.weight
+            self.generator.weight = self.src_embed.token.weight
+        # As the PyTorch translation tutorial: Xavier-uniform for every matrix.
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+
+    def embed_src(self, src: torch.Tensor) -> torch.Tensor:
+        return self.pos(self.src_embed(src))  # (B, S, D)
+
+    def embed_tgt(self, tgt: torch.Tensor) -> torch.Tensor:
+        return self.pos(self.tgt_embed(tgt))  # (B, T, D)
+
+    def tgt_mask(self, tgt_in: torch.Tensor) -> torch.Tensor:
+        """(B, 1, T, T): earlier or same positions that are not padding."""
+        return padding_mask(tgt_in, self.pad_id) & causal_mask(tgt_in.size(1), tgt_in.device)
+
+    def encode(self, src: torch.Tensor) -> torch.Tensor:
+        """src (B, S) -> memory (B, S, D)."""
+        memory, _ = self.encoder(self.embed_src(src), padding_mask(src, self.pad_id))
+        return memory
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor):
+        """Logits (B, T, V) of every next token; src only masks the memory's padding."""
+        x, _, _ = self.decoder(self.embed_tgt(tgt_in), memory, self.tgt_mask(tgt_in),
+                               padding_mask(src, self.pad_id))
+        return self.generator(x)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+        return self.decode(tgt_in, self.encode(src), src)
+
+    def init_cache(self, memory: torch.Tensor, src: torch.Tensor) -> KVCache:
+        """Start incremental decoding: cross-attention keys/values projected once."""
+        return self.decoder.init_cache(memory, padding_mask(src, self.pad_id))
+
+    def decode_step(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed tokens (B,) at the next position; logits (B, V) of the token after them."""
+        x = self.pos(self.tgt_embed(tokens[:, None]), offset=cache.length)  # (B, 1, D)
+        keep = (tokens != self.pad_id)[:, None, None, None]  # (B, 1, 1, 1)
+        return self.generator(self.decoder.step(x, cache, keep)[:, 0])
+
+    def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict:
+        """Per-head weights of every layer, lists of (B, H, T_query, T_key), from the math path."""
+        src_mask = padding_mask(src, self.pad_id)
+        memory, enc = self.encoder(self.embed_src(src), src_mask, need_weights=True)
+        _, dec_self, dec_cross = self.decoder(self.embed_tgt(tgt_in), memory,
+                                              self.tgt_mask(tgt_in), src_mask, need_weights=True)
+        return {"encoder_self": enc, "decoder_self": dec_self, "decoder_cross": dec_cross}
+
+    def set_fused_attention(self, enabled: bool) -> None:
+        """Use F.scaled_dot_product_attention (True) or the explicit math path (False)."""
+        for m in self.modules():
+            if isinstance(m, MultiHeadAttention):
+                m.fused = enabled

@@ -1,0 +1,264 @@
+"""The two models: configuration, interface, weight mapping, incremental decoding, masks."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from nmt.models import MODEL_NAMES, ModelConfig, build_model
+from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
+from nmt.models.scratch import MultiHeadAttention
+
+SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhead=4,
+                    dim_feedforward=64, dropout=0.1, max_len=64)
+SRC_V, TGT_V, PAD = 50, 40, 1
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and spinning threads crawl on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def padded_batch():
+    """Source and target with <bos>=2 ... <eos>=3 and right padding (<pad>=1) in some rows."""
+    src = torch.tensor([[2, 11, 12, 13, 14, 15, 3],
+                        [2, 16, 17, 3, 1, 1, 1],
+                        [2, 18, 3, 1, 1, 1, 1]])
+    tgt = torch.tensor([[2, 21, 22, 23, 3, 1],
+                        [2, 24, 25, 26, 27, 3],
+                        [2, 28, 3, 1, 1, 1]])
+    return src, tgt
+
+
+def pair(cfg=SMALL, dtype=torch.float64, src_v=SRC_V, tgt_v=TGT_V):
+    """Seeded baseline and a scratch model holding its weights, eval mode."""
+    torch.manual_seed(0)
+    baseline = build_model("baseline", cfg, src_v, tgt_v, PAD)
+    scratch = build_model("scratch", cfg, src_v, tgt_v, PAD)
+    scratch.load_state_dict(baseline_to_scratch(baseline.state_dict()))
+    return baseline.to(dtype).eval(), scratch.to(dtype).eval()
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_config_validation():
+    assert ModelConfig.from_dict({}) == ModelConfig()
+    assert ModelConfig.from_dict(dataclasses.asdict(SMALL)) == SMALL
+    with pytest.raises(ValueError, match="not divisible by model.nhead"):
+        ModelConfig(d_model=500, nhead=8)
+    with pytest.raises(ValueError, match=r"unknown model settings \['heads'\]"):
+        ModelConfig.from_dict({"heads": 8})
+    with pytest.raises(ValueError, match="dropout"):
+        ModelConfig(dropout=1.0)
+    with pytest.raises(ValueError, match="num_encoder_layers"):
+        ModelConfig(num_encoder_layers=0)
+
+
+def test_build_model_names():
+    assert MODEL_NAMES == ("baseline", "scratch")
+    for name in MODEL_NAMES:
+        assert isinstance(build_model(name, SMALL, SRC_V, TGT_V), nn.Module)
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model("lstm", SMALL, SRC_V, TGT_V)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_tie_embeddings(name):
+    with pytest.raises(ValueError, match="shared vocabulary"):
+        build_model(name, dataclasses.replace(SMALL, tie_embeddings=True), SRC_V, TGT_V)
+    untied = build_model(name, SMALL, SRC_V, SRC_V)
+    tied = build_model(name, dataclasses.replace(SMALL, tie_embeddings=True), SRC_V, SRC_V)
+    assert n_params(untied) - n_params(tied) == 2 * SRC_V * SMALL.d_model
+    sd = tied.state_dict(keep_vars=True)
+    shared = [p for p in sd.values() if p.shape == (SRC_V, SMALL.d_model)]
+    assert len(shared) == 3 and all(p is shared[0] for p in shared)
+
+
+def test_tied_mapping_and_equivalence():
+    cfg = dataclasses.replace(SMALL, tie_embeddings=True)
+    baseline, scratch = pair(cfg, src_v=SRC_V, tgt_v=SRC_V)
+    src, tgt = padded_batch()
+    assert n_params(baseline) == n_params(scratch)
+    assert scratch.generator.weight is scratch.src_embed.token.weight
+    with torch.no_grad():
+        torch.testing.assert_close(scratch(src, tgt), baseline(src, tgt), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_interface_shapes(name):
+    model = build_model(name, SMALL, SRC_V, TGT_V, PAD).eval()
+    src, tgt = padded_batch()
+    B, S = src.shape
+    T = tgt.size(1)
+    with torch.no_grad():
+        assert model(src, tgt).shape == (B, T, TGT_V)
+        memory = model.encode(src)
+        assert memory.shape == (B, S, SMALL.d_model)
+        assert model.decode(tgt, memory, src).shape == (B, T, TGT_V)
+        cache = model.init_cache(memory, src)
+        assert model.decode_step(cache, tgt[:, 0]).shape == (B, TGT_V)
+
+
+def test_same_parameter_count_and_init_distribution():
+    torch.manual_seed(1)
+    baseline = build_model("baseline", SMALL, SRC_V, TGT_V)
+    scratch = build_model("scratch", SMALL, SRC_V, TGT_V)
+    assert n_params(baseline) == n_params(scratch)
+    # Independently initialised, matching tensors come from the same distribution: the
+    # same zeros, ones and uniform bounds (the largest |value| nears the bound).
+    mapped = scratch_to_baseline(scratch.state_dict())
+    for name, want in baseline.state_dict().items():
+        got = mapped[name]
+        assert got.shape == want.shape, name
+        if (want == want.flatten()[0]).all():  # attention biases 0, LayerNorm 1 and 0
+            assert torch.equal(want, got), name
+        else:
+            ratio = (got.abs().max() / want.abs().max()).item()
+            assert 0.8 < ratio < 1.25, (name, ratio)
+
+
+def test_mapping_round_trip_and_leftovers():
+    baseline, scratch = pair()
+    sd = baseline.state_dict()
+    to_scratch = baseline_to_scratch(sd)
+    assert to_scratch.keys() == scratch.state_dict().keys()
+    back = scratch_to_baseline(to_scratch)
+    assert back.keys() == sd.keys()
+    assert all(torch.equal(back[k], sd[k]) for k in sd)
+    with pytest.raises(KeyError, match="extra.weight"):
+        baseline_to_scratch({**sd, "extra.weight": torch.zeros(1)})
+    with pytest.raises(KeyError, match="matches 0 mapping rules"):
+        scratch_to_baseline({**scratch.state_dict(), "decoder.layers.0.norm4.weight": None})
+
+
+@pytest.mark.parametrize("fastpath", [True, False])
+def test_scratch_equals_baseline(fastpath):
+    """With nn.Transformer's eval fast path (nested tensors) on or off, logits agree."""
+    baseline, scratch = pair()
+    src, tgt = padded_batch()
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(fastpath)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(scratch(src, tgt), baseline(src, tgt), rtol=0, atol=1e-10)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_decode_step_equals_decode(name, dtype, atol):
+    """Step-by-step logits equal the full decode at every position (padded src and tgt)."""
+    model = pair(dtype=dtype)[MODEL_NAMES.index(name)]
+    src, tgt = padded_batch()
+    with torch.no_grad():
+        memory = model.encode(src)
+        full = model.decode(tgt, memory, src)  # (B, T, V)
+        cache = model.init_cache(memory, src)
+        for t in range(tgt.size(1)):
+            torch.testing.assert_close(model.decode_step(cache, tgt[:, t]), full[:, t],
+                                       rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_cache_reorder(name):
+    """After reorder(index), stepping on continues the selected rows (rows may repeat)."""
+    model = pair()[MODEL_NAMES.index(name)]
+    src, tgt = padded_batch()
+    index = torch.tensor([2, 0, 2, 1])
+    with torch.no_grad():
+        cache = model.init_cache(model.encode(src), src)
+        for t in range(2):
+            model.decode_step(cache, tgt[:, t])
+        cache.reorder(index)
+        steps = [model.decode_step(cache, tgt[index, t]) for t in range(2, tgt.size(1))]
+        full = model(src[index], tgt[index])
+    for t, step in zip(range(2, tgt.size(1)), steps, strict=True):
+        torch.testing.assert_close(step, full[:, t], rtol=0, atol=1e-10)
+
+
+def test_attention_maps_mask_exactly():
+    _, scratch = pair()
+    src, tgt = padded_batch()
+    with torch.no_grad():
+        maps = scratch.attention_maps(src, tgt)
+    B, S, T, H = src.size(0), src.size(1), tgt.size(1), SMALL.nhead
+    assert [len(maps[k]) for k in ("encoder_self", "decoder_self", "decoder_cross")] == [2, 3, 3]
+    src_pad, tgt_pad = src == PAD, tgt == PAD
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    for w in maps["encoder_self"]:
+        assert w.shape == (B, H, S, S)
+        assert (w.masked_select(src_pad[:, None, None, :].expand_as(w)) == 0).all()
+    for w in maps["decoder_cross"]:
+        assert w.shape == (B, H, T, S)
+        assert (w.masked_select(src_pad[:, None, None, :].expand_as(w)) == 0).all()
+    for w in maps["decoder_self"]:
+        assert w.shape == (B, H, T, T)
+        hidden = future | tgt_pad[:, None, None, :]
+        assert (w.masked_select(hidden.expand_as(w)) == 0).all()
+    for w in [w for ws in maps.values() for w in ws]:
+        torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
+
+
+def test_fully_masked_query_gives_zeros_not_nan():
+    attn = MultiHeadAttention(8, 2, 0.0).double()
+    x = torch.randn(1, 3, 8, dtype=torch.float64)
+    mask = torch.tensor([True, False, True])[None, None, :, None]  # query 1 sees nothing
+    out, w = attn(x, mask, need_weights=True)
+    assert not out.isnan().any() and (w[0, :, 1] == 0).all()
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_fused_equals_math(dtype, atol):
+    _, scratch = pair(dtype=dtype)
+    src, tgt = padded_batch()
+    with torch.no_grad():
+        fused = scratch(src, tgt)
+        scratch.set_fused_attention(False)
+        math_path = scratch(src, tgt)
+    torch.testing.assert_close(fused, math_path, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_extra_padding_changes_nothing(name):
+    """More pad columns after source and target leave every existing logit as it was."""
+    model = pair()[MODEL_NAMES.index(name)]
+    src, tgt = padded_batch()
+    B, T = tgt.shape
+    with torch.no_grad():
+        want = model(src, tgt)
+        got = model(torch.cat([src, torch.full((B, 3), PAD)], dim=1),
+                    torch.cat([tgt, torch.full((B, 2), PAD)], dim=1))
+    torch.testing.assert_close(got[:, :T], want, rtol=0, atol=1e-10)
+
+
+def test_positions_identical_and_bounded():
+    baseline, scratch = pair()
+    torch.testing.assert_close(scratch.pos.table, baseline.positional_encoding.pos_embedding,
+                               rtol=0, atol=0)
+    table = scratch.pos.table
+    assert table[0, 0::2].abs().max() == 0 and (table[0, 1::2] == 1).all()
+    assert math.isclose(table[3, 0].item(), math.sin(3.0), abs_tol=1e-7)  # float32 table
+    too_long = torch.full((1, SMALL.max_len + 1), 5)
+    for model in (baseline, scratch):
+        with pytest.raises(ValueError, match="max_len"):
+            model.encode(too_long)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_dropout_only_in_train_mode(name):
+    model = build_model(name, SMALL, SRC_V, TGT_V, PAD)
+    src, tgt = padded_batch()
+    with torch.no_grad():
+        model.train()
+        assert not torch.equal(model(src, tgt), model(src, tgt))
+        model.eval()
+        assert torch.equal(model(src, tgt), model(src, tgt))

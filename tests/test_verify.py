@@ -1,0 +1,228 @@
+"""The equivalence checklist passes on the real scratch model and catches deliberate bugs."""
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+import nmt.verify as verify
+from nmt.models import ModelConfig
+from nmt.models.scratch import attention as scratch_attention
+from nmt.models.scratch import embedding as scratch_embedding
+from nmt.models.scratch import transformer as scratch_transformer
+
+CFG = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
+                  dim_feedforward=64, dropout=0.1)
+TRAJECTORY = ModelConfig(num_encoder_layers=1, num_decoder_layers=1, d_model=16, nhead=2,
+                         dim_feedforward=32)
+SRC_V, TGT_V, PAD = 60, 50, 1
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and spinning threads crawl on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return verify.synthetic_batches(30, 4, SRC_V, TGT_V, pad_id=PAD)
+
+
+def run(batches):
+    result = verify.run_checks(CFG, SRC_V, TGT_V, PAD, batches, trajectory_cfg=TRAJECTORY)
+    return result, {c["name"]: c["passed"] for c in result["checks"]}
+
+
+def test_unbroken_model_passes_everything(batches, capsys):
+    result, passed = run(batches)
+    assert result["passed"] and all(passed.values()), verify.format_table(result)
+    for kind in ("embeddings", "encoder memory", "decoder output", "logits", "attention weights",
+                 "gradients", "kv-cache decoding", "fused vs math attention"):
+        assert f"{kind} (float32)" in passed and f"{kind} (float64)" in passed
+    assert {"parameter count", "output shapes", "training trajectory (float64)"} <= set(passed)
+    for c in result["checks"]:
+        assert set(c) == {"name", "passed", "max_abs_diff", "tolerance", "seconds"}
+    assert len(result["trajectory"]["baseline"]) == verify.TRAJECTORY_STEPS
+    json.dumps(result, allow_nan=False)  # what results/verify.json will hold
+    verify.print_table(result)
+    out = capsys.readouterr().out
+    assert "training trajectory (float64)" in out and "max_abs_diff" in out
+
+
+def test_run_checks_is_deterministic(batches):
+    a, b = run(batches)[0], run(batches)[0]
+    assert [c["max_abs_diff"] for c in a["checks"]] == [c["max_abs_diff"] for c in b["checks"]]
+    assert a["trajectory"] == b["trajectory"]
+
+
+def test_needs_padded_batches_and_enough_steps(batches):
+    unpadded = [(s[:1, :3], t[:1, :3]) for s, t in batches]
+    with pytest.raises(ValueError, match="padding"):
+        verify.run_checks(CFG, SRC_V, TGT_V, PAD, unpadded, trajectory_cfg=TRAJECTORY)
+    with pytest.raises(ValueError, match="at least 30"):
+        verify.run_checks(CFG, SRC_V, TGT_V, PAD, batches[:5], trajectory_cfg=TRAJECTORY)
+
+
+# --- deliberately broken scratch models -------------------------------------------------
+
+
+def after_build(monkeypatch, breakage):
+    """Apply breakage(model) to every scratch model run_checks builds."""
+    build = verify.build_model
+
+    def broken_build(name, *args, **kwargs):
+        model = build(name, *args, **kwargs)
+        if name == "scratch":
+            breakage(model)
+        return model
+
+    monkeypatch.setattr(verify, "build_model", broken_build)
+
+
+def causal_off_by_one(monkeypatch):
+    """Each target position may also see the next one."""
+    monkeypatch.setattr(scratch_transformer, "causal_mask",
+                        lambda size, device: torch.ones(size, size, dtype=torch.bool).tril(1))
+
+
+def no_scale(monkeypatch):
+    """Scores not divided by sqrt(d_k), in both attention paths."""
+    def unscale(model):
+        for m in model.modules():
+            if isinstance(m, MultiHeadAttention):
+                m.scale = 1.0
+
+    after_build(monkeypatch, unscale)
+
+
+def padding_ignored(monkeypatch):
+    """Padding mask that lets every query attend padded keys."""
+    monkeypatch.setattr(scratch_transformer, "padding_mask",
+                        lambda tokens, pad_id: torch.ones_like(tokens, dtype=torch.bool)[
+                            :, None, None, :])
+
+
+def keys_values_swapped(monkeypatch):
+    """Packed projection read as [W_q; W_v; W_k] instead of nn.MultiheadAttention's order."""
+    def project_self(self, x):
+        q, k, v = [self.split_heads(t) for t in self.qkv(x).chunk(3, dim=-1)]
+        return q, v, k
+
+    monkeypatch.setattr(MultiHeadAttention, "project_self", project_self)
+
+
+def math_softmax_over_queries(monkeypatch):
+    """The explicit path normalises over queries; the fused path (used for outputs) is fine."""
+    def softmax_over_queries(q, k, v, mask, scale, dropout):
+        scores = ((q * scale) @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-2).nan_to_num()
+        return weights @ v, weights
+
+    monkeypatch.setattr(scratch_attention, "scaled_dot_product_attention", softmax_over_queries)
+
+
+def fused_ignores_mask(monkeypatch):
+    """The fused path drops the mask; the explicit path (used for weights) is fine."""
+    attend = MultiHeadAttention.attend
+
+    def broken(self, q, k, v, mask, need_weights=False):
+        return attend(self, q, k, v, mask if need_weights or not self.fused else None,
+                      need_weights)
+
+    monkeypatch.setattr(MultiHeadAttention, "attend", broken)
+
+
+def embedding_detached(monkeypatch):
+    """Outputs are right but no gradient reaches the embeddings."""
+    monkeypatch.setattr(scratch_embedding.Embeddings, "forward",
+                        lambda self, tokens: self.token(tokens).detach() * self.scale)
+
+
+def generator_tied(monkeypatch):
+    """Generator weight shared with the target embedding although the config says untied."""
+    def tie(model):
+        model.generator.weight = model.tgt_embed.token.weight
+
+    after_build(monkeypatch, tie)
+
+
+def heads_averaged(monkeypatch):
+    """attention_maps returns head-averaged weights (B, T, S) instead of per head."""
+    maps = scratch_transformer.ScratchTransformer.attention_maps
+
+    def averaged(self, src, tgt_in):
+        return {k: [w.mean(1) for w in ws] for k, ws in maps(self, src, tgt_in).items()}
+
+    monkeypatch.setattr(scratch_transformer.ScratchTransformer, "attention_maps", averaged)
+
+
+MultiHeadAttention = scratch_attention.MultiHeadAttention
+F32, F64 = " (float32)", " (float64)"
+
+# breakage: (checks that must fail, checks that must still pass)
+BREAKAGES = {
+    causal_off_by_one: (
+        ["logits" + F64, "decoder output" + F32, "attention weights" + F64, "gradients" + F64,
+         "training trajectory (float64)"],
+        # Step-by-step decoding never sees the future, so it still matches the baseline.
+        ["embeddings" + F64, "encoder memory" + F64, "kv-cache decoding" + F64]),
+    no_scale: (
+        ["encoder memory" + F64, "logits" + F32, "attention weights" + F64, "gradients" + F64,
+         "training trajectory (float64)"],
+        ["embeddings" + F64, "parameter count"]),
+    padding_ignored: (
+        ["encoder memory" + F64, "logits" + F32, "attention weights" + F64, "gradients" + F64],
+        ["embeddings" + F64, "parameter count", "output shapes"]),
+    keys_values_swapped: (
+        ["encoder memory" + F64, "logits" + F32, "attention weights" + F64, "gradients" + F64],
+        ["embeddings" + F64]),
+    math_softmax_over_queries: (
+        ["attention weights" + F64, "attention weights" + F32, "fused vs math attention" + F64],
+        ["logits" + F64, "gradients" + F64, "training trajectory (float64)"]),
+    fused_ignores_mask: (
+        ["encoder memory" + F64, "logits" + F64, "fused vs math attention" + F64],
+        ["attention weights" + F64, "embeddings" + F64]),
+    embedding_detached: (
+        ["gradients" + F64, "gradients" + F32, "training trajectory (float64)"],
+        ["logits" + F64, "attention weights" + F64, "parameter count"]),
+    generator_tied: (  # loading fills the shared matrix twice: the generator's copy wins
+        ["parameter count", "embeddings" + F64, "logits" + F64, "gradients" + F64],
+        ["encoder memory" + F64, "output shapes"]),
+    heads_averaged: (
+        ["output shapes", "attention weights" + F64],
+        ["logits" + F64, "gradients" + F64]),
+}
+
+
+@pytest.mark.parametrize("breakage", list(BREAKAGES), ids=lambda f: f.__name__)
+def test_broken_model_fails_the_right_checks(breakage, batches, monkeypatch):
+    breakage(monkeypatch)
+    result, passed = run(batches)
+    must_fail, must_pass = BREAKAGES[breakage]
+    table = verify.format_table(result)
+    assert not result["passed"], table
+    assert not any(passed[name] for name in must_fail), table
+    assert all(passed[name] for name in must_pass), table
+
+
+def test_max_abs_diff_shapes_and_nan():
+    assert verify.max_abs_diff(torch.zeros(2), torch.zeros(3)) == float("inf")
+    assert verify.max_abs_diff(torch.zeros(2), torch.tensor([0.0, -0.5])) == 0.5
+    nan = verify.max_abs_diff(torch.zeros(1), torch.tensor([float("nan")]))
+    assert not nan <= 1.0  # a NaN difference never passes
+
+
+def test_baseline_attention_maps_are_per_head():
+    torch.manual_seed(0)
+    baseline, _ = verify.build_pair(CFG, SRC_V, TGT_V, PAD)
+    src, tgt = verify.synthetic_batches(1, 3, SRC_V, TGT_V)[0]
+    maps = verify.baseline_attention_maps(baseline, src, tgt[:, :-1])  # fast path or not
+    B, S, T = src.size(0), src.size(1), tgt.size(1) - 1
+    assert [w.shape for w in maps["encoder_self"]] == [(B, CFG.nhead, S, S)] * 2
+    assert [w.shape for w in maps["decoder_cross"]] == [(B, CFG.nhead, T, S)] * 2
+    assert isinstance(baseline.transformer, nn.Transformer)
