@@ -68,8 +68,20 @@ def check_semantics(params: dict) -> None:
                 f"params.yaml: pipeline.recipes names {name!r}, which recipes: does not define "
                 f"(fix: add recipes.{name} or use one of: {known})"
             )
+    for name, recipe in params["recipes"].items():
+        if recipe.get("ablation_of", name) not in params["recipes"] or (
+                "ablation_of" in recipe) != ("removes" in recipe):
+            raise NmtError(
+                f"params.yaml: recipes.{name}: an ablation needs both ablation_of (an existing "
+                "recipe) and removes (fix: set both, or neither)"
+            )
+    if params["bench"]["recipe"] not in params["pipeline"]["recipes"]:
+        raise NmtError(
+            f"params.yaml: bench.recipe {params['bench']['recipe']!r} is not in pipeline.recipes "
+            "(fix: name one of the recipes the pipeline runs)"
+        )
     for name in params["recipes"]:
-        r = resolve(params, name, check=False)
+        r = resolve(params, name)
         m, t = r["model"], r["train"]
         where = f"recipes.{name}" if name != "published" else "model"
         if m["d_model"] % m["nhead"]:
@@ -118,13 +130,15 @@ def _merge(base: dict, override: dict) -> dict:
     return out
 
 
-def resolve(params: dict, recipe: str, check: bool = True) -> dict[str, Any]:
+def resolve(params: dict, recipe: str) -> dict[str, Any]:
     """The sections of one recipe: the top level with recipes.<recipe> merged over it."""
-    if check and recipe not in params["recipes"]:
+    if recipe not in params["recipes"]:
         known = ", ".join(params["recipes"])
         raise NmtError(f"unknown recipe {recipe!r} (fix: use one of: {known})")
-    resolved = {k: copy.deepcopy(v) for k, v in params.items() if k not in ("recipes", "pipeline")}
-    return _merge(resolved, params["recipes"].get(recipe, {}))
+    resolved = {k: copy.deepcopy(v) for k, v in params.items()
+                if k not in ("recipes", "pipeline", "bench")}
+    overrides = {k: v for k, v in params["recipes"][recipe].items() if k in RECIPE_SECTIONS}
+    return _merge(resolved, overrides)
 
 
 def run_name(recipe: str, model: str) -> str:

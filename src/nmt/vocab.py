@@ -109,8 +109,11 @@ def build(tokenized_dir: Path, out_dir: Path, vocab_cfg: dict, src: str, tgt: st
                 sizes[side] = len(v)
         else:
             sizes = _train_bpe(tokenized_dir, tmp, vocab_cfg["bpe_size"], src, tgt)
-        meta = {"kind": vocab_cfg["kind"], "source_lang": src, "target_lang": tgt,
-                "src_size": sizes["src"], "tgt_size": sizes["tgt"], **vocab_cfg}
+        # Only the settings this kind reads, so an unrelated change leaves the bytes alike
+        # and DVC skips what follows.
+        setting = "min_freq" if vocab_cfg["kind"] == "word" else "bpe_size"
+        meta = {"kind": vocab_cfg["kind"], setting: vocab_cfg[setting], "source_lang": src,
+                "target_lang": tgt, "src_size": sizes["src"], "tgt_size": sizes["tgt"]}
         write_json(tmp / "meta.json", meta)
     log.info("%s vocabulary: source %d, target %d -> %s",
              vocab_cfg["kind"], sizes["src"], sizes["tgt"], out_dir)
@@ -118,15 +121,18 @@ def build(tokenized_dir: Path, out_dir: Path, vocab_cfg: dict, src: str, tgt: st
 
 
 def _train_bpe(tokenized_dir: Path, out: Path, size: int, src: str, tgt: str) -> dict:
+    import io
+
     import sentencepiece as spm
 
-    corpus = out / "train.joint.txt"
     lines = read_lines(tokenized_dir / f"train.{src}.txt") + read_lines(
         tokenized_dir / f"train.{tgt}.txt")
-    corpus.write_text("\n".join(lines) + "\n", "utf-8")
+    model = io.BytesIO()
     try:
+        # From memory into memory: the model then records no file paths, so the same data
+        # gives the same bytes and DVC sees an unchanged vocabulary.
         spm.SentencePieceTrainer.train(
-            input=str(corpus), model_prefix=str(out / "spm"), model_type="bpe",
+            sentence_iterator=iter(lines), model_writer=model, model_type="bpe",
             vocab_size=size, character_coverage=1.0, num_threads=1,
             unk_id=UNK_ID, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             unk_piece=SPECIALS[0], pad_piece=SPECIALS[1], bos_piece=SPECIALS[2],
@@ -135,8 +141,7 @@ def _train_bpe(tokenized_dir: Path, out: Path, size: int, src: str, tgt: str) ->
     except RuntimeError as e:
         raise NmtError(f"SentencePiece could not train a {size}-piece model ({e}) "
                        "(fix: lower vocab.bpe_size)") from None
-    finally:
-        corpus.unlink(missing_ok=True)
+    (out / "spm.model").write_bytes(model.getvalue())
     return {"src": size, "tgt": size}
 
 

@@ -26,3 +26,10 @@ def section(name, recipe=None):
     """One params section as JSON: Snakemake re-runs a rule whose params changed."""
     source = resolve(config, recipe) if recipe else config
     return json.dumps(source[name], sort_keys=True)
+
+
+def vocab_section(recipe):
+    """The vocab keys this recipe's kind reads (min_freq for word, bpe_size for bpe)."""
+    v = resolve(config, recipe)["vocab"]
+    used = {"word": "min_freq", "bpe": "bpe_size"}[v["kind"]]
+    return json.dumps({"kind": v["kind"], used: v[used]})

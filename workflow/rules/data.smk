@@ -40,7 +40,7 @@ rule vocab:
         tokenized="data/tokenized",
         code=f"{CODE}/vocab.py",
     params:
-        vocab=lambda w: section("vocab", w.recipe),
+        vocab=lambda w: vocab_section(w.recipe),
     conda:
         "../envs/nmt.yaml"
     log:

@@ -1,4 +1,26 @@
-# The report: tables, figures and sample translations of every (recipe, model) run.
+# The speed benchmark and the report: tables, figures and sample translations of every run.
+
+
+rule bench:
+    output:
+        "results/bench.json",
+    input:
+        tokenized="data/tokenized",
+        vocab=f"data/vocab/{config['bench']['recipe']}",
+        code=[f"{CODE}/bench.py", f"{CODE}/search.py", f"{CODE}/train.py", f"{CODE}/models"],
+    params:
+        bench=section("bench"),
+        model=section("model", config["bench"]["recipe"]),
+        train=section("train", config["bench"]["recipe"]),
+        evaluate=section("evaluate", config["bench"]["recipe"]),
+    resources:
+        gpu=1,
+    conda:
+        "../envs/nmt.yaml"
+    log:
+        "logs/bench.log",
+    shell:
+        "nmt bench --recipe {config[bench][recipe]} --json {output} 2> {log}"
 
 
 rule report:
@@ -11,6 +33,7 @@ rule report:
         metrics=expand("results/{recipe}-{model}/metrics.json", recipe=RECIPES, model=MODELS),
         history=expand("results/{recipe}-{model}/history.csv", recipe=RECIPES, model=MODELS),
         verified=expand("results/verify/{recipe}.json", recipe=RECIPES),
+        bench="results/bench.json",
         code=f"{CODE}/report.py",
     params:
         pipeline=section("pipeline"),

@@ -1,0 +1,97 @@
+"""Stage evaluate: test loss, perplexity, and BLEU/chrF of greedy and beam-search translations.
+
+Scores are sacreBLEU's corpus BLEU (13a tokenizer, cased) and chrF of the detokenized output
+against the raw reference lines, the way published Multi30k numbers are computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from nmt.checkpoint import load, pick_device
+from nmt.config import NmtError
+from nmt.data import Batches, load_pairs
+from nmt.files import atomic_dir, write_json
+from nmt.search import translate_batches
+from nmt.tokenize import read_lines
+from nmt.train import corpus_loss
+from nmt.vocab import load_codecs
+
+log = logging.getLogger("nmt.evaluate")
+
+
+def check_vocab(ckpt: dict, src_codec, tgt_codec, vocab_dir: Path) -> None:
+    """The vocabulary on disk must be the one the checkpoint was trained with."""
+    sizes = (len(src_codec), len(tgt_codec))
+    if sizes != (ckpt["src_vocab_size"], ckpt["tgt_vocab_size"]):
+        raise NmtError(f"{vocab_dir} has {sizes[0]}/{sizes[1]} source/target tokens, the "
+                       f"checkpoint {ckpt['src_vocab_size']}/{ckpt['tgt_vocab_size']} "
+                       "(fix: re-run `nmt train` after changing the vocabulary)")
+
+
+def score(hypotheses: list[str], references: list[str]) -> dict:
+    """Corpus BLEU and chrF of detokenized lines, with sacreBLEU's signatures."""
+    bleu, chrf = BLEU(), CHRF()
+    return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
+            "chrf": chrf.corpus_score(hypotheses, [references]).score,
+            "signature": {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}}
+
+
+def evaluate(params: dict, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) -> dict:
+    """Score run_dir/best.pt on every test set; write metrics.json and translations/."""
+    tokenized_dir, run_dir = Path(tokenized_dir), Path(run_dir)
+    ev, tgt_lang = params["evaluate"], params["data"]["target_lang"]
+    device = pick_device(params["train"]["device"])
+    model, ckpt = load(run_dir / "best.pt", device)
+    src_codec, tgt_codec = load_codecs(vocab_dir)
+    check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)
+    max_len = ckpt["model_config"]["max_len"]
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("read %s: %s model of recipe %s, %d parameters, on %s", run_dir / "best.pt",
+             ckpt["model"], ckpt["recipe"], n_params, device)
+    decode = dict(beam_size=ev["beam_size"], length_penalty=ev["length_penalty"],
+                  max_len_a=ev["max_len_a"], max_len_b=ev["max_len_b"], cap=max_len - 1)
+
+    results, signature = {}, {}
+    with atomic_dir(run_dir / "translations") as out:
+        for testset in ev["testsets"]:
+            pairs = load_pairs(tokenized_dir, testset, src_codec, tgt_codec, max_len)
+            ref_path = tokenized_dir / f"{testset}.{tgt_lang}.txt"
+            references = read_lines(ref_path)
+            if len(references) != len(pairs):
+                raise NmtError(f"{ref_path}: {len(references)} references for {len(pairs)} "
+                               "sources (fix: re-run `nmt tokenize`)")
+            log.info("read %s: %d sentences", testset, len(pairs))
+            batches = Batches(pairs, "sentences", ev["batch_size"], 0, shuffle=False)
+            loss = corpus_loss(model, batches, device)
+            row = {"loss": loss, "ppl": math.exp(loss)}
+            for method in ("greedy", "beam"):
+                start = time.perf_counter()
+                ids = translate_batches(model, pairs, ev["batch_size"], method,
+                                        desc=f"{testset} {method}", **decode)
+                seconds = time.perf_counter() - start
+                hypotheses = [tgt_codec.decode(h) for h in ids]
+                (out / f"{testset}.{method}.txt").write_text(
+                    "".join(h + "\n" for h in hypotheses), "utf-8")
+                s = score(hypotheses, references)
+                suffix = "" if method == "beam" else "_greedy"
+                row |= {f"bleu{suffix}": s["bleu"], f"chrf{suffix}": s["chrf"],
+                        f"seconds_{method}": seconds}
+                signature = s["signature"]
+            row["sentences"] = len(pairs)
+            results[testset] = row
+            log.info("%s: loss %.4f, ppl %.2f, BLEU %.2f (greedy %.2f), chrF %.2f, "
+                     "%.1f sent/s beam", testset, loss, row["ppl"], row["bleu"],
+                     row["bleu_greedy"], row["chrf"], len(pairs) / row["seconds_beam"])
+    log.info("wrote %s", run_dir / "translations")
+
+    metrics = {"run": run_dir.name, "recipe": ckpt["recipe"], "model": ckpt["model"],
+               "params": n_params, "testsets": results, "signature": signature}
+    write_json(run_dir / "metrics.json", metrics)
+    log.info("wrote %s", run_dir / "metrics.json")
+    return metrics

@@ -1,0 +1,62 @@
+"""Shared fixtures: real Multi30k data prepared once per test session in a temp folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nmt.config import load_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def mirror() -> Path:
+    """The local Multi30k mirror (CI sets MULTI30K_MIRROR; else ../shared/multi30k)."""
+    path = Path(os.environ.get("MULTI30K_MIRROR") or REPO.parent / "shared" / "multi30k")
+    assert (path / "train.de.gz").is_file(), f"no Multi30k mirror at {path}: set MULTI30K_MIRROR"
+    os.environ["MULTI30K_MIRROR"] = str(path)  # for the stages the tests start as processes
+    return path
+
+
+@pytest.fixture
+def params_file(tmp_path) -> Path:
+    """A copy of the repository's params.yaml (and its schema) that a test may edit."""
+    shutil.copytree(REPO / "workflow" / "schemas", tmp_path / "workflow" / "schemas")
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    return tmp_path / "params.yaml"
+
+
+def edit_params(path: Path, **sections) -> Path:
+    """Merge {section: {key: value}} into a params.yaml file."""
+    params = yaml.safe_load(path.read_text())
+    for section, values in sections.items():
+        if isinstance(values, dict) and isinstance(params.get(section), dict):
+            params[section].update(values)
+        else:
+            params[section] = values
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, mirror) -> dict:
+    """download -> tokenize (2,000 train pairs, 100 test pairs) -> word and bpe vocabularies."""
+    from nmt.download import download
+    from nmt.tokenize import tokenize
+    from nmt.vocab import build
+
+    root = tmp_path_factory.mktemp("data")
+    params = load_params(REPO / "params.yaml")
+    download(root / "raw", params["data"]["base_url"], retries=1)
+    tokenize(root / "raw", root / "tokenized", 1000, max_train=2000, max_test=100)
+    word = build(root / "tokenized", root / "vocab" / "word", params["vocab"], "de", "en")
+    bpe = build(root / "tokenized", root / "vocab" / "bpe",
+                {**params["vocab"], "kind": "bpe", "bpe_size": 1000}, "de", "en")
+    return {"root": root, "raw": root / "raw", "tokenized": root / "tokenized",
+            "word": root / "vocab" / "word", "bpe": root / "vocab" / "bpe",
+            "word_meta": word, "bpe_meta": bpe}

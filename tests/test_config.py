@@ -1,0 +1,74 @@
+"""params.yaml validation: every bad value stops with one line naming the key and the fix."""
+
+import pytest
+import yaml
+
+from conftest import REPO, edit_params
+from nmt.cli import main
+from nmt.config import NmtError, load_params, resolve, run_name
+
+
+def test_repository_params_are_valid():
+    params = load_params(REPO / "params.yaml")
+    assert params["pipeline"]["recipes"][0] == "published"
+    published = resolve(params, "published")
+    # The published reference: 6+6 layers, d_model 512, 8 heads, ffn 2048, batch 32, Adam 1e-4.
+    assert published["model"]["d_model"] == 512 and published["model"]["nhead"] == 8
+    assert published["train"]["batch_size"] == 32 and published["train"]["epochs"] == 15
+    assert run_name("published", "scratch") == "published-scratch"
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        ({"train": {"epochs": 0}}, "train.epochs: 0 is less than the minimum of 1"),
+        ({"train": {"epochs": "ten"}}, "train.epochs: 'ten' is not of type 'integer'"),
+        ({"train": {"epoch": 3}}, "train: unknown key 'epoch'"),
+        ({"model": {"d_model": 510}}, "d_model 510 is not divisible by nhead 8"),
+        ({"vocab": {"kind": "chars"}}, "vocab.kind: 'chars' is not allowed"),
+        ({"pipeline": {"recipes": ["published", "nope"], "models": ["scratch"]}},
+         "pipeline.recipes names 'nope'"),
+        ({"recipes": {"published": {}, "big": {"model": {"nhead": 7}}}},
+         "recipes.big: d_model 512 is not divisible by nhead 7"),
+        ({"recipes": {"published": {}, "bad": {"train": {"lr": -1}}}},
+         "recipes.bad.train.lr: -1 is less than or equal to the minimum of 0"),
+        ({"model": {"tie_embeddings": True}}, "tie_embeddings needs one shared vocabulary"),
+    ],
+)
+def test_bad_params_name_the_key_and_the_fix(params_file, edit, expected):
+    edit_params(params_file, **edit)
+    with pytest.raises(NmtError) as err:
+        load_params(params_file)
+    message = str(err.value)
+    assert expected in message
+    assert "fix:" in message and "\n" not in message
+
+
+def test_missing_key_and_broken_yaml(params_file):
+    params = yaml.safe_load(params_file.read_text())
+    del params["train"]["lr"]
+    params_file.write_text(yaml.safe_dump(params))
+    with pytest.raises(NmtError, match="train: 'lr' is a required property"):
+        load_params(params_file)
+    params_file.write_text("train: [unclosed\n")
+    with pytest.raises(NmtError, match="not valid YAML at line"):
+        load_params(params_file)
+
+
+def test_cli_prints_one_error_line_before_any_work(params_file, tmp_path, capsys):
+    edit_params(params_file, model={"d_model": 100, "nhead": 3})
+    code = main(["--params", str(params_file), "download", "--out", str(tmp_path / "raw")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [err[0]] and err[0].startswith("nmt download: error: params.yaml: model:")
+    assert not (tmp_path / "raw").exists()
+
+
+def test_recipe_overrides_merge_over_the_defaults(params_file):
+    edit_params(params_file, recipes={"published": {}, "small": {"model": {"d_model": 64}}})
+    params = load_params(params_file)
+    small = resolve(params, "small")
+    assert small["model"]["d_model"] == 64 and small["model"]["nhead"] == 8
+    assert resolve(params, "published")["model"]["d_model"] == 512
+    with pytest.raises(NmtError, match="unknown recipe 'large'"):
+        resolve(params, "large")

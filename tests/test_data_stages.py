@@ -1,0 +1,119 @@
+"""download, tokenize and vocab on the real Multi30k files."""
+
+import gzip
+import json
+import shutil
+
+import pytest
+import sacrebleu
+
+from nmt.config import NmtError
+from nmt.data import Batches, load_pairs
+from nmt.download import SHA256, download
+from nmt.tokenize import detokenize, read_lines, read_tokens, tokenize, tokenize_lines
+from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIALS, build_vocab, load_codecs
+
+
+def test_download_verifies_every_file(prepared):
+    assert sorted(p.name for p in prepared["raw"].iterdir()) == sorted(SHA256)
+
+
+def test_corrupt_mirror_file_is_rejected_and_nothing_is_left(mirror, tmp_path, monkeypatch):
+    bad = tmp_path / "mirror"
+    shutil.copytree(mirror, bad)
+    (bad / "val.en.gz").chmod(0o644)
+    with open(bad / "val.en.gz", "ab") as f:
+        f.write(b"tampered")
+    monkeypatch.setenv("MULTI30K_MIRROR", str(bad))
+    out = tmp_path / "data" / "raw"
+    with pytest.raises(NmtError) as err:
+        download(out, "http://127.0.0.1:9/unreachable", retries=1, backoff=0)
+    msg = str(err.value)
+    assert "val.en.gz" in msg and SHA256["val.en.gz"] in msg and "corrupt: sha256 " in msg
+    assert not out.exists() and not list((tmp_path / "data").iterdir())
+
+
+def test_missing_source_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("MULTI30K_MIRROR", str(tmp_path / "empty"))
+    with pytest.raises(NmtError, match="could not fetch train.de.gz .*fix: set MULTI30K_MIRROR"):
+        download(tmp_path / "raw", "http://127.0.0.1:9/unreachable", retries=2, backoff=0)
+    assert not (tmp_path / "raw").exists()
+
+
+def test_tokenize_counts_and_alignment(prepared):
+    stats = json.loads((prepared["tokenized"] / "stats.json").read_text())
+    assert stats["train.de"]["sentences"] == stats["train.en"]["sentences"] == 2000
+    assert stats["val.en"]["sentences"] == 1014 and stats["test_2016_flickr.de"]["sentences"] == 100
+    toks = read_tokens(prepared["tokenized"] / "train.en.tok")
+    assert len(toks) == 2000 and all(toks)
+    assert stats["train.en"]["tokens"] == sum(map(len, toks))
+    assert stats["train.en"]["max_len"] == max(map(len, toks))
+
+
+def test_spacy_tokens():
+    de = tokenize_lines(["Ein Mann fährt mit dem Fahrrad."], "de")
+    en = tokenize_lines(["A man's T-shirt,  isn't it?"], "en")
+    assert de == [["Ein", "Mann", "fährt", "mit", "dem", "Fahrrad", "."]]
+    assert en == [["A", "man", "'s", "T", "-", "shirt", ",", "is", "n't", "it", "?"]]
+    assert detokenize(en[0]) == "A man's T-shirt, isn't it?"
+
+
+def test_detokenize_restores_the_references(prepared):
+    """Word-level output is scored detokenized, so detokenize(tokenize(ref)) must be ~ref."""
+    refs = read_lines(prepared["tokenized"] / "val.en.txt")
+    hyps = [detokenize(t) for t in read_tokens(prepared["tokenized"] / "val.en.tok")]
+    assert sacrebleu.corpus_bleu(hyps, [refs]).score > 99.5
+
+
+def test_truncated_or_corrupt_raw_file(prepared, tmp_path):
+    raw = tmp_path / "raw"
+    shutil.copytree(prepared["raw"], raw)
+    (raw / "val.de.gz").write_bytes(gzip.compress(b"only one line\n"))
+    with pytest.raises(NmtError, match="val: 1 German vs 1014 English lines"):
+        tokenize(raw, tmp_path / "tok", 100, 0, 0)
+    (raw / "val.de.gz").write_bytes(b"not gzip")
+    with pytest.raises(NmtError, match="val.de.gz is unreadable"):
+        tokenize(raw, tmp_path / "tok", 100, 0, 0)
+    assert not (tmp_path / "tok").exists()
+
+
+def test_vocab_order_specials_and_min_freq():
+    sents = [["b", "a", "c"], ["a", "c", "d"], ["c", "<pad>"]]
+    v = build_vocab(sents, min_freq=1)
+    # c (3) first, then a (2), then the ties b, d in order of first appearance.
+    assert v.itos == list(SPECIALS) + ["c", "a", "b", "d"]
+    assert build_vocab(sents, min_freq=2).itos == list(SPECIALS) + ["c", "a"]
+    assert v.ids(["a", "zebra"]) == [5, 0]
+
+
+def test_word_vocab_from_train_only(prepared):
+    src, tgt = load_codecs(prepared["word"])
+    train_de = {t for s in read_tokens(prepared["tokenized"] / "train.de.tok") for t in s}
+    assert len(src) == len(train_de | set(SPECIALS)) == prepared["word_meta"]["src_size"]
+    assert src.vocab.itos[:4] == list(SPECIALS) and tgt.kind == "word"
+
+
+def test_bpe_vocab_is_joint_and_lossless(prepared):
+    src, tgt = load_codecs(prepared["bpe"])
+    assert len(src) == len(tgt) == 1000
+    assert [src.sp.id_to_piece(i) for i in range(4)] == list(SPECIALS)
+    line = "Zwei Männer stehen am Strand."
+    assert src.decode(src.encode(line)) == line
+
+
+@pytest.mark.parametrize("batch_by", ["sentences", "tokens"])
+def test_batches_cover_every_pair_once(prepared, batch_by):
+    src, tgt = load_codecs(prepared["word"])
+    pairs = load_pairs(prepared["tokenized"], "train", src, tgt, max_len=256)
+    assert pairs[0][0][0] == BOS_ID and pairs[0][1][-1] == EOS_ID
+    batches = Batches(pairs, batch_by, batch_size=32, max_tokens=600, shuffle=True, seed=1)
+    first = [(s.clone(), t.clone()) for s, t in batches]
+    second = [(s.clone(), t.clone()) for s, t in batches]
+    seen = sum(s.shape[0] for s, _ in first)
+    assert seen == len(pairs)
+    assert any(not a.equal(b) for (a, _), (b, _) in zip(first, second, strict=False))  # reshuffled
+    real = sum(int((t != PAD_ID).sum()) for _, t in first)
+    padded = sum(t.numel() for _, t in first)
+    if batch_by == "tokens":
+        assert all(max(s.shape[1], t.shape[1]) * s.shape[0] <= 600 for s, t in first)
+        assert real / padded > 0.9  # length bucketing leaves little padding
