@@ -28,7 +28,7 @@ TINY = {
               "dim_feedforward": 64, "dropout": 0.1},
     "train": {"epochs": 1, "batch_size": 32},
     "evaluate": {"beam_size": 2, "batch_size": 50},
-    "bench": {"steps": 2, "warmup": 1, "repeats": 1, "sentences": 10},
+    "bench": {"steps": 2, "repeats": 1, "sentences": 10},
     "report": {"samples": 3},
 }
 

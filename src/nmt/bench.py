@@ -1,9 +1,11 @@
 """`nmt bench`: training and decoding speed of both models on the same real data, one process.
 
-Training: the same batches through both models (Adam steps), warm-up steps excluded, median
-of several repeats, in target tokens per second. Decoding: the same test sentences, greedy
-and beam search, in sentences per second. Ratios are scratch / baseline, so > 1 means the
-scratch model is faster. On CUDA it also reports peak memory and model FLOPs utilisation.
+Both models hold the same weights (through the state-dict mapping), so they do the same work.
+Training: the same batches through both models (Adam steps), in target tokens per second.
+Decoding: the same test sentences, greedy and beam search, in sentences per second. Each
+figure is the median of several repeats that alternate between the models, after an untimed
+warm-up pass. Ratios are scratch / baseline: > 1 means the scratch model is faster. On CUDA
+it also reports peak memory and model FLOPs utilisation.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from nmt import checkpoint
 from nmt.data import Batches, collate, load_pairs
 from nmt.files import write_json
-from nmt.models import MODEL_NAMES, ModelConfig, build_model
+from nmt.models import ModelConfig, build_model
 from nmt.search import beam_search, greedy
 from nmt.train import autocast, seed_everything, token_loss
 from nmt.vocab import PAD_ID, load_codecs
@@ -56,12 +58,10 @@ def train_flops(cfg: ModelConfig, tgt_vocab_size: int, batches) -> float:
     return total
 
 
-def time_training(model, batches, device, warmup: int, repeats: int) -> tuple[float, float]:
-    """(median target tokens/s, seconds of one timed pass) over the same batches."""
+def make_step(model, device):
+    """One Adam training step of `model` on a batch, as nmt train takes it."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                            fused=device.type == "cuda")
-    on_device = [(s.to(device), t.to(device)) for s, t in batches]
-    tokens = sum(int((t[:, 1:] != PAD_ID).sum()) for _, t in batches)
 
     def step(src, tgt):
         loss, n = token_loss(model, src, tgt, device)
@@ -69,91 +69,97 @@ def time_training(model, batches, device, warmup: int, repeats: int) -> tuple[fl
         (loss / n).backward()
         opt.step()
 
-    model.train()
-    for src, tgt in on_device[:warmup]:
-        step(src, tgt)
-    sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for src, tgt in on_device:
-            step(src, tgt)
-        sync(device)
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    return tokens / seconds, seconds
+    return step
 
 
-@torch.inference_mode()
-def time_decoding(model, src_batches, device, repeats: int, **search) -> float:
-    """Median sentences per second over the same source batches."""
-    model.eval()
-    on_device = [s.to(device) for s in src_batches]
-    n = sum(s.shape[0] for s in src_batches)
+def decoder(model, src_batches, device, **search):
+    """A function that decodes every source batch once (greedy when beam_size is 1)."""
 
+    @torch.inference_mode()
     def decode():
-        for src in on_device:
+        for src in src_batches:
             with autocast(device):
                 if search["beam_size"] == 1:
                     greedy(model, src, search["max_len"])
                 else:
                     beam_search(model, src, **search)
-        sync(device)
 
-    decode()  # warm-up
-    times = []
+    return decode
+
+
+def interleaved(runs: dict, repeats: int, device) -> tuple[dict, dict]:
+    """Median seconds of each run, repeats alternating between runs so that drift in the
+    machine's speed (other load, clocks) hits all of them alike; also peak memory (CUDA)."""
+    times, peak = {name: [] for name in runs}, {name: 0 for name in runs}
+    for run in runs.values():  # an untimed warm-up pass: allocator, kernel selection
+        run()
     for _ in range(repeats):
-        start = time.perf_counter()
-        decode()
-        times.append(time.perf_counter() - start)
-    return n / statistics.median(times)
+        for name, run in runs.items():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            sync(device)
+            start = time.perf_counter()
+            run()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+            if device.type == "cuda":
+                peak[name] = max(peak[name], torch.cuda.max_memory_allocated(device))
+    return {name: statistics.median(t) for name, t in times.items()}, peak
 
 
 def bench(args, params: dict) -> dict:
     from nmt.config import resolve
+    from nmt.models.mapping import baseline_to_scratch
 
     r = resolve(params, args.recipe)
     b = {k: params["bench"][k] if getattr(args, k) is None else getattr(args, k)
-         for k in ("steps", "warmup", "repeats", "sentences")}
+         for k in ("steps", "repeats", "sentences")}
     device = checkpoint.pick_device(args.device)
     src_codec, tgt_codec = load_codecs(args.vocab / args.recipe)
     cfg = ModelConfig.from_dict(r["model"])
-    t = r["train"]
+    t, e = r["train"], r["evaluate"]
     train_pairs = load_pairs(args.tokenized, "train", src_codec, tgt_codec, cfg.max_len)
     batches = Batches(train_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
                       shuffle=True, seed=t["seed"])
-    batches = list(batches)[: b['warmup'] + b['steps']]
-    warm, timed = batches[: b['warmup']], batches[b['warmup']:]
+    timed = [(s.to(device), t.to(device)) for s, t in list(batches)[: b["steps"]]]
     test = load_pairs(args.tokenized, "test_2016_flickr", src_codec, tgt_codec, cfg.max_len)
-    test = sorted(test[: b['sentences']], key=lambda p: len(p[0]))
-    e = r["evaluate"]
-    src_batches = [collate(test[i : i + e["batch_size"]])[0]
+    test = sorted(test[: b["sentences"]], key=lambda p: len(p[0]))
+    src_batches = [collate(test[i : i + e["batch_size"]])[0].to(device)
                    for i in range(0, len(test), e["batch_size"])]
-    max_len = int(e["max_len_a"] * max(len(p[0]) for p in test) + e["max_len_b"])
-    log.info("bench on %s: %d timed training batches (+%d warm-up), %d sentences to decode",
-             device, len(timed), len(warm), len(test))
+    max_len = min(int(e["max_len_a"] * max(len(p[0]) for p in test) + e["max_len_b"]),
+                  cfg.max_len - 1)
+    log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
+             device, len(timed), len(test), b["repeats"])
+
+    # One set of weights in both models: the same function, so the same decoded lengths and
+    # the same training trajectory, and the timings compare equal work.
+    seed_everything(0)
+    models = {"baseline": build_model("baseline", cfg, len(src_codec), len(tgt_codec))}
+    models["scratch"] = build_model("scratch", cfg, len(src_codec), len(tgt_codec))
+    models["scratch"].load_state_dict(baseline_to_scratch(models["baseline"].state_dict()))
+    for m in models.values():
+        m.to(device).eval()
 
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "recipe": args.recipe, "steps": len(timed), "sentences": len(test),
-           "train": {}, "greedy": {}, "beam": {}, "peak_memory_mib": {}, "mfu": {}}
-    peak = peak_flops(device)
-    for name in MODEL_NAMES:
-        seed_everything(0)
-        model = build_model(name, cfg, len(src_codec), len(tgt_codec)).to(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        tok_s, seconds = time_training(model, warm + timed, device, len(warm), b['repeats'])
-        out["train"][name] = round(tok_s, 1)
-        if peak:
-            out["mfu"][name] = round(train_flops(cfg, len(tgt_codec), timed) / seconds / peak, 4)
-        out["greedy"][name] = round(time_decoding(
-            model, src_batches, device, b['repeats'], beam_size=1, max_len=max_len), 2)
-        out["beam"][name] = round(time_decoding(
-            model, src_batches, device, b['repeats'], beam_size=e["beam_size"],
-            length_penalty=e["length_penalty"], max_len=max_len), 2)
-        if device.type == "cuda":
-            out["peak_memory_mib"][name] = round(torch.cuda.max_memory_allocated(device) / 2**20)
-        del model
+           "recipe": args.recipe, "steps": len(timed), "sentences": len(test)}
+    # Decoding first, from the shared untrained weights: every sentence runs to its limit.
+    for key, beam in (("greedy", 1), ("beam", e["beam_size"])):
+        runs = {name: decoder(m, src_batches, device, beam_size=beam, max_len=max_len,
+                              **({"length_penalty": e["length_penalty"]} if beam > 1 else {}))
+                for name, m in models.items()}
+        seconds, _ = interleaved(runs, b["repeats"], device)
+        out[key] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
+
+    steps = {name: make_step(m.train(), device) for name, m in models.items()}
+    runs = {name: (lambda step=step: [step(src, tgt) for src, tgt in timed])
+            for name, step in steps.items()}
+    seconds, peak = interleaved(runs, b["repeats"], device)
+    tokens = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt in timed)
+    out["train"] = {name: round(tokens / s, 1) for name, s in seconds.items()}
+    out["peak_memory_mib"] = {n: round(p / 2**20) for n, p in peak.items()} if any(
+        peak.values()) else {}
+    flops, top = train_flops(cfg, len(tgt_codec), timed), peak_flops(device)
+    out["mfu"] = {n: round(flops / s / top, 4) for n, s in seconds.items()} if top else {}
     for key in ("train", "greedy", "beam"):
         out[key]["ratio"] = round(out[key]["scratch"] / out[key]["baseline"], 3)
     print_table(out)

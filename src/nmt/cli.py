@@ -162,7 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto")
     # Defaults come from params.yaml's bench: section.
     s.add_argument("--steps", type=int, default=None, help="timed training steps a repeat")
-    s.add_argument("--warmup", type=int, default=None, help="untimed steps first")
     s.add_argument("--repeats", type=int, default=None, help="the median of this many is shown")
     s.add_argument("--sentences", type=int, default=None, help="test sentences to decode")
     s.add_argument("--json", type=Path, default=None, help="also write the figures here")

@@ -9,6 +9,7 @@ rule bench:
         vocab=f"data/vocab/{config['bench']['recipe']}",
         code=[f"{CODE}/bench.py", f"{CODE}/search.py", f"{CODE}/train.py", f"{CODE}/models"],
     params:
+        recipe=config["bench"]["recipe"],
         bench=section("bench"),
         model=section("model", config["bench"]["recipe"]),
         train=section("train", config["bench"]["recipe"]),
@@ -20,7 +21,7 @@ rule bench:
     log:
         "logs/bench.log",
     shell:
-        "nmt bench --recipe {config[bench][recipe]} --json {output} 2> {log}"
+        "nmt bench --recipe {params.recipe} --json {output} 2> {log}"
 
 
 rule report:
