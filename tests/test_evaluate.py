@@ -91,7 +91,12 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
             assert len(hyps) == N_TEST
             # The saved translations reproduce the score: nothing else went into it.
             assert sacrebleu.corpus_bleu(hyps, [refs]).score == pytest.approx(m[key])
-    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "metrics.json", "translations"]
+    assert sorted(p.name for p in run.iterdir()) == ["attention.json", "best.pt", "metrics.json",
+                                                      "translations"]
+    attention = json.loads((run / "attention.json").read_text())
+    weights = torch.tensor(attention["weights"])  # (output tokens, source tokens)
+    assert weights.shape == (len(attention["output"]), len(attention["source"]))
+    assert torch.allclose(weights.sum(1), torch.ones(len(weights)), atol=1e-3)  # rows sum to 1
 
 
 @pytest.mark.parametrize("kind,name", [("word", "baseline"), ("bpe", "scratch")])

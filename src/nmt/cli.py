@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
          "results/<recipe>-<model>/: best.pt, last.pt, history.csv, train.json."),
         ("evaluate", cmd_evaluate,
          "Read results/<recipe>-<model>/best.pt and the test sets, write metrics.json (loss, "
-         "perplexity, BLEU greedy and beam, chrF) and translations/ to the same folder."),
+         "perplexity, BLEU greedy and beam, chrF), translations/ and attention.json (one "
+         "sentence's attention weights) to the same folder."),
     ):
         s = stage(name, func, help_)
         s.add_argument("--recipe", default="published")

@@ -11,6 +11,7 @@ import math
 import time
 from pathlib import Path
 
+import torch
 from sacrebleu.metrics import BLEU, CHRF
 
 from nmt.checkpoint import load, pick_device
@@ -20,9 +21,11 @@ from nmt.files import atomic_dir, write_json
 from nmt.search import translate_batches
 from nmt.tokenize import read_lines
 from nmt.train import corpus_loss
-from nmt.vocab import load_codecs
+from nmt.verify import baseline_attention_maps
+from nmt.vocab import BOS_ID, EOS_ID, load_codecs
 
 log = logging.getLogger("nmt.evaluate")
+ATTENTION_TESTSET = "test_2016_flickr"
 
 
 def check_vocab(ckpt: dict, src_codec, tgt_codec, vocab_dir: Path) -> None:
@@ -42,6 +45,22 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
             "signature": {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}}
 
 
+@torch.inference_mode()
+def attention_example(model, src_ids: list[int], out_ids: list[int], src_codec,
+                      tgt_codec) -> dict:
+    """Cross-attention of the last decoder layer (mean of heads) while producing out_ids."""
+    src = torch.tensor([src_ids], device=next(model.parameters()).device)
+    tgt_in = torch.tensor([[BOS_ID, *out_ids]], device=src.device)
+    # scratch reads its explicit math path; the baseline asks nn.MultiheadAttention.
+    maps = (model.attention_maps(src, tgt_in) if hasattr(model, "attention_maps")
+            else baseline_attention_maps(model, src, tgt_in))
+    weights = maps["decoder_cross"][-1][0].mean(0)  # (T, S)
+    return {"what": "last decoder layer, cross-attention, mean of heads",
+            "source": src_codec.pieces(src_ids), "output": tgt_codec.pieces(out_ids + [EOS_ID]),
+            "translation": tgt_codec.decode(out_ids),
+            "weights": [[round(w, 4) for w in row] for row in weights.cpu().tolist()]}
+
+
 def evaluate(params: dict, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) -> dict:
     """Score run_dir/best.pt on every test set; write metrics.json and translations/."""
     tokenized_dir, run_dir = Path(tokenized_dir), Path(run_dir)
@@ -57,7 +76,7 @@ def evaluate(params: dict, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) 
     decode = dict(beam_size=ev["beam_size"], length_penalty=ev["length_penalty"],
                   max_len_a=ev["max_len_a"], max_len_b=ev["max_len_b"], cap=max_len - 1)
 
-    results, signature = {}, {}
+    results, signature, attention = {}, {}, None
     with atomic_dir(run_dir / "translations") as out:
         for testset in ev["testsets"]:
             pairs = load_pairs(tokenized_dir, testset, src_codec, tgt_codec, max_len)
@@ -83,6 +102,9 @@ def evaluate(params: dict, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) 
                 row |= {f"bleu{suffix}": s["bleu"], f"chrf{suffix}": s["chrf"],
                         f"seconds_{method}": seconds}
                 signature = s["signature"]
+            if testset == ATTENTION_TESTSET:  # the report draws this sentence's attention
+                i = min(ev["attention_example"], len(pairs) - 1)
+                attention = attention_example(model, pairs[i][0], ids[i], src_codec, tgt_codec)
             row["sentences"] = len(pairs)
             results[testset] = row
             log.info("%s: loss %.4f, ppl %.2f, BLEU %.2f (greedy %.2f), chrF %.2f, "
@@ -90,6 +112,8 @@ def evaluate(params: dict, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) 
                      row["bleu_greedy"], row["chrf"], len(pairs) / row["seconds_beam"])
     log.info("wrote %s", run_dir / "translations")
 
+    if attention is not None:
+        write_json(run_dir / "attention.json", attention)
     metrics = {"run": run_dir.name, "recipe": ckpt["recipe"], "model": ckpt["model"],
                "params": n_params, "testsets": results, "signature": signature}
     write_json(run_dir / "metrics.json", metrics)

@@ -46,6 +46,7 @@ rule evaluate:
     output:
         metrics="results/{recipe}-{model}/metrics.json",
         translations=directory("results/{recipe}-{model}/translations"),
+        attention="results/{recipe}-{model}/attention.json",
     input:
         checkpoint="results/{recipe}-{model}/best.pt",
         tokenized="data/tokenized",
