@@ -7,11 +7,21 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from nmt.config import load_params
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and spinning threads crawl on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

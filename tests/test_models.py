@@ -13,16 +13,10 @@ from nmt.models.scratch import MultiHeadAttention
 
 SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhead=4,
                     dim_feedforward=64, dropout=0.1, max_len=64)
+pytestmark = pytest.mark.usefixtures("one_thread")
 SRC_V, TGT_V, PAD = 50, 40, 1
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from threads, and spinning threads crawl on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def padded_batch():

@@ -16,16 +16,10 @@ CFG = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=
                   dim_feedforward=64, dropout=0.1)
 TRAJECTORY = ModelConfig(num_encoder_layers=1, num_decoder_layers=1, d_model=16, nhead=2,
                          dim_feedforward=32)
+pytestmark = pytest.mark.usefixtures("one_thread")
 SRC_V, TGT_V, PAD = 60, 50, 1
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from threads, and spinning threads crawl on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
