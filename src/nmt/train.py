@@ -103,7 +103,9 @@ def train(params: dict, recipe: str, model_name: str, tokenized_dir: Path, vocab
     model = build_model(model_name, cfg, len(src_codec), len(tgt_codec)).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("%s-%s: %s parameters on %s", recipe, model_name, f"{n_params:,}", device)
-    step_model = torch.compile(model) if t["compile"] and device.type == "cuda" else model
+    # Batch shapes vary with sentence length: compile once for dynamic shapes, not per length.
+    step_model = (torch.compile(model, dynamic=True) if t["compile"] and device.type == "cuda"
+                  else model)
     optimizer = torch.optim.Adam(model.parameters(), lr=t["lr"], betas=tuple(t["betas"]),
                                  eps=t["eps"], fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
