@@ -11,6 +11,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from nmt.config import NmtError, resolve, run_name  # noqa: E402
 from nmt.files import atomic_dir, atomic_path, read_json, write_json, write_text  # noqa: E402
@@ -61,6 +62,7 @@ def plot_losses(runs: dict, recipes: list[str], path: Path) -> None:
             ax.plot(h["epoch"], h["valid_loss"], "-", color=line.get_color(),
                     label=f"{run['model']} valid")
         ax.set(title=f"recipe: {recipe}", xlabel="epoch", ylabel="loss per token")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -188,7 +190,7 @@ def report(params: dict, tokenized: Path, vocab_root: Path, results: Path, out: 
         lines += [f"  - {m}: {outputs[m][i]}" for m in models]
     lines += [""]
     if attention is not None:
-        lines += ["## Attention", "", f"Source: *{attention['source']}*", "",
+        lines += ["## Attention", "", f"Source pieces: `{' '.join(attention['source'])}`", "",
                   f"Output: *{attention['translation']}*", "",
                   "![attention map](figures/attention.png)", ""]
 
