@@ -215,7 +215,7 @@ def test_baseline_attention_maps_are_per_head():
     torch.manual_seed(0)
     baseline, _ = verify.build_pair(CFG, SRC_V, TGT_V, PAD)
     src, tgt = verify.synthetic_batches(1, 3, SRC_V, TGT_V)[0]
-    maps = verify.baseline_attention_maps(baseline, src, tgt[:, :-1])  # fast path or not
+    maps = baseline.attention_maps(src, tgt[:, :-1])  # fast path or not
     B, S, T = src.size(0), src.size(1), tgt.size(1) - 1
     assert [w.shape for w in maps["encoder_self"]] == [(B, CFG.nhead, S, S)] * 2
     assert [w.shape for w in maps["decoder_cross"]] == [(B, CFG.nhead, T, S)] * 2

@@ -21,7 +21,6 @@ from nmt.files import atomic_dir, write_json
 from nmt.search import translate_batches
 from nmt.tokenize import read_lines
 from nmt.train import corpus_loss
-from nmt.verify import baseline_attention_maps
 from nmt.vocab import BOS_ID, EOS_ID, load_codecs
 
 log = logging.getLogger("nmt.evaluate")
@@ -52,9 +51,7 @@ def attention_example(model, src_ids: list[int], out_ids: list[int], src_codec,
     src = torch.tensor([src_ids], device=next(model.parameters()).device)
     tgt_in = torch.tensor([[BOS_ID, *out_ids]], device=src.device)
     # scratch reads its explicit math path; the baseline asks nn.MultiheadAttention.
-    maps = (model.attention_maps(src, tgt_in) if hasattr(model, "attention_maps")
-            else baseline_attention_maps(model, src, tgt_in))
-    weights = maps["decoder_cross"][-1][0].mean(0)  # (T, S)
+    weights = model.attention_maps(src, tgt_in)["decoder_cross"][-1][0].mean(0)  # (T, S)
     return {"what": "last decoder layer, cross-attention, mean of heads",
             "source": src_codec.pieces(src_ids), "output": tgt_codec.pieces(out_ids + [EOS_ID]),
             "translation": tgt_codec.decode(out_ids),

@@ -8,6 +8,7 @@ run_checks() returns {"passed", "checks": [{"name", "passed", "max_abs_diff", "t
 
 import contextlib
 import dataclasses
+import logging
 import math
 import time
 
@@ -15,8 +16,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nmt.data import Batches, load_pairs
+from nmt.files import write_json
 from nmt.models import ModelConfig, build_model
+from nmt.models.baseline import plain_path
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
+from nmt.vocab import PAD_ID, load_codecs
+
+log = logging.getLogger("nmt.verify")
 
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 FUSED_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
@@ -26,18 +33,6 @@ TRAJECTORY_ADAM = {"lr": 1e-4, "betas": (0.9, 0.98), "eps": 1e-9}  # the publish
 TRAJECTORY_SIZE = {"num_encoder_layers": 2, "num_decoder_layers": 2, "d_model": 64, "nhead": 4,
                    "dim_feedforward": 128}
 CHECK_ROWS = 4  # sentences in the forward/attention/gradient check batches
-
-
-@contextlib.contextmanager
-def plain_path():
-    """nn.Transformer without its eval fast path (fused kernels, nested tensors), so that its
-    attention modules are really called and padded positions keep their values."""
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
 @contextlib.contextmanager
@@ -95,37 +90,9 @@ def forward_outputs(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor) -> d
                 "logits": logits}
 
 
-def baseline_attention_maps(baseline: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor):
-    """Per-head weights from each nn.MultiheadAttention: every module is called again on the
-    inputs it saw in a forward pass, with need_weights=True, average_attn_weights=False."""
-    calls = {}
-
-    def save(module, args, kwargs, out):
-        calls[module] = (args, kwargs)
-
-    hooks = [m.register_forward_hook(save, with_kwargs=True)
-             for m in baseline.modules() if isinstance(m, nn.MultiheadAttention)]
-    try:
-        with torch.no_grad(), plain_path():
-            baseline(src, tgt_in)
-    finally:
-        for h in hooks:
-            h.remove()
-
-    def weights(m):
-        args, kwargs = calls[m]
-        return m(*args, **{**kwargs, "need_weights": True, "average_attn_weights": False})[1]
-
-    enc, dec = baseline.transformer.encoder.layers, baseline.transformer.decoder.layers
-    with torch.no_grad(), plain_path():
-        return {"encoder_self": [weights(layer.self_attn) for layer in enc],
-                "decoder_self": [weights(layer.self_attn) for layer in dec],
-                "decoder_cross": [weights(layer.multihead_attn) for layer in dec]}
-
-
 def attention_diff(baseline, scratch, src, tgt) -> float:
     """Max difference over every layer and head of the three kinds of attention."""
-    want = baseline_attention_maps(baseline, src, tgt[:, :-1])
+    want = baseline.attention_maps(src, tgt[:, :-1])
     with torch.no_grad():
         got = scratch.attention_maps(src, tgt[:, :-1])
     diffs = [max_abs_diff(w, g) for kind in want for w, g in zip(want[kind], got[kind],
@@ -196,7 +163,7 @@ def shape_mismatches(baseline, scratch, src, tgt) -> float:
             outs = [model(src, tgt_in), memory, model.decode(tgt_in, memory, src), step]
         return [t.shape for t in outs] + [w.shape for ws in maps.values() for w in ws]
 
-    want = shapes(baseline, baseline_attention_maps(baseline, src, tgt_in))
+    want = shapes(baseline, baseline.attention_maps(src, tgt_in))
     with torch.no_grad():
         got = shapes(scratch, scratch.attention_maps(src, tgt_in))
     mismatches = sum(a != b for a, b in zip(want, got, strict=False)) + abs(len(want) - len(got))
@@ -323,13 +290,6 @@ def synthetic_batches(n: int, batch_size: int, src_vocab_size: int, tgt_vocab_si
 
 def verify(params: dict, tokenized_dir, vocab_dir, out_path) -> bool:
     """Stage verify: run the checklist at one recipe's size on real batches; write the JSON."""
-    import logging
-
-    from nmt.data import Batches, load_pairs
-    from nmt.files import write_json
-    from nmt.vocab import PAD_ID, load_codecs
-
-    log = logging.getLogger("nmt.verify")
     src_codec, tgt_codec = load_codecs(vocab_dir)
     cfg = ModelConfig.from_dict(params["model"])
     pairs = load_pairs(tokenized_dir, "train", src_codec, tgt_codec, cfg.max_len)

@@ -3,7 +3,8 @@
 Both take src (B, S) and tgt_in (B, T) token ids and derive their masks from pad_id:
 forward -> logits (B, T, V); encode(src) -> memory (B, S, D); decode(tgt_in, memory, src);
 init_cache(memory, src) and decode_step(cache, tokens (B,)) -> logits (B, V) for search,
-with cache.reorder(index) for beam search.
+with cache.reorder(index) for beam search; attention_maps(src, tgt_in) -> per-head weights
+of every layer.
 """
 
 from dataclasses import asdict, dataclass, fields

@@ -1,10 +1,23 @@
 """The baseline: torch.nn.Transformer wrapped as the PyTorch translation tutorial does."""
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
+
+@contextlib.contextmanager
+def plain_path():
+    """nn.Transformer without its eval fast path (fused kernels, nested tensors), so that its
+    attention modules are really called and padded positions keep their values."""
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
 class TokenEmbedding(nn.Module):
@@ -131,3 +144,31 @@ class BaselineTransformer(nn.Module):
         # nn.Transformer has no cache: the whole prefix goes through the decoder again.
         h = self.decoder_output(cache.tokens, cache.memory, cache.src)
         return self.generator(h[:, -1])
+
+    def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict:
+        """Per-head weights of every layer, lists of (B, H, T_query, T_key), as each
+        nn.MultiheadAttention returns them (need_weights=True, average_attn_weights=False)
+        when called again on the inputs it saw in a forward pass."""
+        calls = {}
+
+        def save(module, args, kwargs, out):
+            calls[module] = (args, kwargs)
+
+        hooks = [m.register_forward_hook(save, with_kwargs=True)
+                 for m in self.modules() if isinstance(m, nn.MultiheadAttention)]
+        try:
+            with torch.no_grad(), plain_path():
+                self(src, tgt_in)
+        finally:
+            for h in hooks:
+                h.remove()
+
+        def weights(m):
+            args, kwargs = calls[m]
+            return m(*args, **{**kwargs, "need_weights": True, "average_attn_weights": False})[1]
+
+        enc, dec = self.transformer.encoder.layers, self.transformer.decoder.layers
+        with torch.no_grad(), plain_path():
+            return {"encoder_self": [weights(layer.self_attn) for layer in enc],
+                    "decoder_self": [weights(layer.self_attn) for layer in dec],
+                    "decoder_cross": [weights(layer.multihead_attn) for layer in dec]}
