@@ -81,12 +81,18 @@ class Batches:
         self.pairs, self.batch_by = pairs, batch_by
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self._order = None  # (epoch, batches) of the epoch last built
 
     def indices(self) -> list[list[int]]:
-        rng = random.Random(self.seed + self.epoch) if self.shuffle else None
-        if self.batch_by == "tokens":
-            return token_batches(self.pairs, self.max_tokens, rng)
-        return sentence_batches(len(self.pairs), self.batch_size, rng)
+        """This epoch's batches as index lists, built once an epoch (len() and iter() share)."""
+        if self._order is None or self._order[0] != self.epoch:
+            rng = random.Random(self.seed + self.epoch) if self.shuffle else None
+            if self.batch_by == "tokens":
+                order = token_batches(self.pairs, self.max_tokens, rng)
+            else:
+                order = sentence_batches(len(self.pairs), self.batch_size, rng)
+            self._order = (self.epoch, order)
+        return self._order[1]
 
     def __len__(self) -> int:
         return len(self.indices())
