@@ -13,14 +13,15 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from itertools import islice
 
 import torch
 
 from nmt import checkpoint
-from nmt.data import Batches, collate, load_pairs
+from nmt.data import Batches, load_pairs
 from nmt.files import write_json
 from nmt.models import ModelConfig, build_model
-from nmt.search import beam_search, greedy
+from nmt.search import translate_batches
 from nmt.train import autocast, seed_everything, token_loss
 from nmt.vocab import PAD_ID, load_codecs
 
@@ -72,17 +73,15 @@ def make_step(model, device):
     return step
 
 
-def decoder(model, src_batches, device, **search):
-    """A function that decodes every source batch once (greedy when beam_size is 1)."""
+def decoder(model, sources, device, method: str, cap: int, ev: dict):
+    """A function that decodes every source once, batched as nmt evaluate does."""
 
-    @torch.inference_mode()
     def decode():
-        for src in src_batches:
-            with autocast(device):
-                if search["beam_size"] == 1:
-                    greedy(model, src, search["max_len"])
-                else:
-                    beam_search(model, src, **search)
+        with autocast(device):
+            translate_batches(model, sources, ev["batch_size"], method,
+                              beam_size=ev["beam_size"], length_penalty=ev["length_penalty"],
+                              max_len_a=ev["max_len_a"], max_len_b=ev["max_len_b"], cap=cap,
+                              progress=False)
 
     return decode
 
@@ -121,13 +120,9 @@ def bench(args, params: dict) -> dict:
     train_pairs = load_pairs(args.tokenized, "train", src_codec, tgt_codec, cfg.max_len)
     batches = Batches(train_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
                       shuffle=True, seed=t["seed"])
-    timed = [(s.to(device), t.to(device)) for s, t in list(batches)[: b["steps"]]]
+    timed = [(src.to(device), tgt.to(device)) for src, tgt in islice(batches, b["steps"])]
     test = load_pairs(args.tokenized, "test_2016_flickr", src_codec, tgt_codec, cfg.max_len)
-    test = sorted(test[: b["sentences"]], key=lambda p: len(p[0]))
-    src_batches = [collate(test[i : i + e["batch_size"]])[0].to(device)
-                   for i in range(0, len(test), e["batch_size"])]
-    max_len = min(int(e["max_len_a"] * max(len(p[0]) for p in test) + e["max_len_b"]),
-                  cfg.max_len - 1)
+    test = test[: b["sentences"]]
     log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
              device, len(timed), len(test), b["repeats"])
 
@@ -143,12 +138,11 @@ def bench(args, params: dict) -> dict:
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "recipe": args.recipe, "steps": len(timed), "sentences": len(test)}
     # Decoding first, from the shared untrained weights: every sentence runs to its limit.
-    for key, beam in (("greedy", 1), ("beam", e["beam_size"])):
-        runs = {name: decoder(m, src_batches, device, beam_size=beam, max_len=max_len,
-                              **({"length_penalty": e["length_penalty"]} if beam > 1 else {}))
+    for method in ("greedy", "beam"):
+        runs = {name: decoder(m, test, device, method, cfg.max_len - 1, e)
                 for name, m in models.items()}
         seconds, _ = interleaved(runs, b["repeats"], device)
-        out[key] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
+        out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
 
     steps = {name: make_step(m.train(), device) for name, m in models.items()}
     runs = {name: (lambda step=step: [step(src, tgt) for src, tgt in timed])
