@@ -80,23 +80,28 @@ def check_semantics(params: dict) -> None:
             f"params.yaml: bench.recipe {params['bench']['recipe']!r} is not in pipeline.recipes "
             "(fix: name one of the recipes the pipeline runs)"
         )
-    for name in params["recipes"]:
+    for name, recipe in params["recipes"].items():
         r = resolve(params, name)
         m, t = r["model"], r["train"]
-        where = f"recipes.{name}" if name != "published" else "model"
+        # Where to fix it: the recipe's override of a section, else the top-level section.
+        at_model = f"recipes.{name}" if "model" in recipe else "model"
+        at_train = f"recipes.{name}" if "train" in recipe else "train"
+
+        # ModelConfig checks this too, for code that builds models directly; this one runs
+        # at load time, without importing torch (Snakemake and download load params too).
         if m["d_model"] % m["nhead"]:
             raise NmtError(
-                f"params.yaml: {where}: d_model {m['d_model']} is not divisible by nhead "
+                f"params.yaml: {at_model}: d_model {m['d_model']} is not divisible by nhead "
                 f"{m['nhead']} (fix: make d_model a multiple of nhead)"
             )
         if m["tie_embeddings"] and r["vocab"]["kind"] != "bpe":
             raise NmtError(
-                f"params.yaml: {where}: tie_embeddings needs one shared vocabulary "
+                f"params.yaml: {at_model}: tie_embeddings needs one shared vocabulary "
                 "(fix: set vocab.kind: bpe or tie_embeddings: false)"
             )
         if t["average_last"] > t["epochs"]:
             raise NmtError(
-                f"params.yaml: {where}: train.average_last {t['average_last']} exceeds "
+                f"params.yaml: {at_train}: train.average_last {t['average_last']} exceeds "
                 f"train.epochs {t['epochs']} (fix: lower average_last)"
             )
 
