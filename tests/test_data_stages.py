@@ -10,7 +10,8 @@ import sacrebleu
 from nmt.config import NmtError
 from nmt.data import Batches, load_pairs
 from nmt.download import SHA256, download
-from nmt.tokenize import detokenize, read_lines, read_tokens, tokenize, tokenize_lines
+from nmt.text import detokenize, read_lines, read_tokens, tokenize_lines
+from nmt.tokenize import tokenize
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIALS, build_vocab, load_codecs
 
 

@@ -15,8 +15,8 @@ from nmt.config import load_params, resolve
 from nmt.data import Batches, load_pairs
 from nmt.evaluate import evaluate, score
 from nmt.models import ModelConfig, build_model
-from nmt.tokenize import read_lines
-from nmt.train import corpus_loss
+from nmt.runtime import corpus_loss
+from nmt.text import read_lines
 from nmt.vocab import UNK_ID, load_codecs
 
 TINY = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,

@@ -46,7 +46,7 @@ def n_params(model):
 def test_config_validation():
     assert ModelConfig.from_dict({}) == ModelConfig()
     assert ModelConfig.from_dict(dataclasses.asdict(SMALL)) == SMALL
-    with pytest.raises(ValueError, match="not divisible by model.nhead"):
+    with pytest.raises(ValueError, match="not divisible by nhead"):
         ModelConfig(d_model=500, nhead=8)
     with pytest.raises(ValueError, match=r"unknown model settings \['heads'\]"):
         ModelConfig.from_dict({"heads": 8})

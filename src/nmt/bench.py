@@ -17,12 +17,12 @@ from itertools import islice
 
 import torch
 
-from nmt import checkpoint
+from nmt.config import ModelConfig
 from nmt.data import Batches, load_pairs
 from nmt.files import write_json
-from nmt.models import ModelConfig, build_model
+from nmt.models import build_model
+from nmt.runtime import autocast, pick_device, seed_everything, token_loss
 from nmt.search import translate_batches
-from nmt.train import autocast, seed_everything, token_loss
 from nmt.vocab import PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.bench")
@@ -113,7 +113,7 @@ def bench(args, params: dict) -> dict:
     r = resolve(params, args.recipe)
     b = {k: params["bench"][k] if getattr(args, k) is None else getattr(args, k)
          for k in ("steps", "repeats", "sentences")}
-    device = checkpoint.pick_device(args.device)
+    device = pick_device(args.device)
     src_codec, tgt_codec = load_codecs(args.vocab / args.recipe)
     cfg = ModelConfig.from_dict(r["model"])
     t, e = r["train"], r["evaluate"]

@@ -7,17 +7,8 @@ from pathlib import Path
 
 import torch
 
-from nmt.config import NmtError
+from nmt.config import ModelConfig, NmtError
 from nmt.files import atomic_path
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    """`auto`: CUDA when present, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise NmtError(f"device {name!r} asked for, but no CUDA GPU is visible (fix: device: auto)")
-    return torch.device(name)
 
 
 def save(path: Path, model: torch.nn.Module, *, name: str, recipe: str, cfg, src_vocab_size: int,
@@ -32,7 +23,7 @@ def save(path: Path, model: torch.nn.Module, *, name: str, recipe: str, cfg, src
 
 def load(path: Path, device: torch.device | str = "cpu"):
     """(model in eval mode on device, checkpoint dict) from a file written by `save`."""
-    from nmt.models import ModelConfig, build_model
+    from nmt.models import build_model
 
     path = Path(path)
     if not path.is_file():
@@ -45,3 +36,12 @@ def load(path: Path, device: torch.device | str = "cpu"):
     except (RuntimeError, KeyError, EOFError, ValueError) as e:
         raise NmtError(f"{path} is not a usable checkpoint ({e}) (fix: re-run nmt train)") from None
     return model.to(device).eval(), ckpt
+
+
+def check_vocab(ckpt: dict, src_codec, tgt_codec, vocab_dir: Path) -> None:
+    """The vocabulary on disk must be the one the checkpoint was trained with."""
+    sizes = (len(src_codec), len(tgt_codec))
+    if sizes != (ckpt["src_vocab_size"], ckpt["tgt_vocab_size"]):
+        raise NmtError(f"{vocab_dir} has {sizes[0]}/{sizes[1]} source/target tokens, the "
+                       f"checkpoint {ckpt['src_vocab_size']}/{ckpt['tgt_vocab_size']} "
+                       "(fix: re-run `nmt train` after changing the vocabulary)")

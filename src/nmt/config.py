@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,58 @@ SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
 RECIPE_SECTIONS = ("vocab", "model", "train", "evaluate")
 
 
-class NmtError(Exception):
+class NmtError(ValueError):
     """A problem the user can fix; the CLI prints it as one line and exits non-zero."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture settings: params.yaml's `model:` section, checked once, here."""
+
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    d_model: int = 512
+    nhead: int = 8
+    dim_feedforward: int = 2048
+    dropout: float = 0.1
+    tie_embeddings: bool = False  # share source, target and generator weights (one vocabulary)
+    max_len: int = 256  # positions the sinusoid table covers
+    # decoder_only: layers of its one stack (0: as many as match the encoder-decoder's size)
+    decoder_only_layers: int = 0
+    attention: str = "prefix"  # decoder_only over the source: prefix (bidirectional) | causal
+
+    def __post_init__(self):
+        for name in ("num_encoder_layers", "num_decoder_layers", "d_model", "nhead",
+                     "dim_feedforward", "max_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise NmtError(f"model.{name} must be a positive integer, got {value!r} "
+                               "(fix: set a whole number >= 1)")
+        if self.d_model % self.nhead:
+            raise NmtError(f"d_model {self.d_model} is not divisible by nhead {self.nhead} "
+                           "(fix: make d_model a multiple of nhead)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise NmtError(f"model.dropout must be in [0, 1), got {self.dropout!r} "
+                           "(fix: 0.1 is the usual value)")
+        if not isinstance(self.tie_embeddings, bool):
+            raise NmtError(f"model.tie_embeddings must be true or false, "
+                           f"got {self.tie_embeddings!r} (fix: true or false)")
+        if isinstance(self.decoder_only_layers, bool) or not isinstance(
+                self.decoder_only_layers, int) or self.decoder_only_layers < 0:
+            raise NmtError(f"model.decoder_only_layers must be 0 (derived) or more, got "
+                           f"{self.decoder_only_layers!r} (fix: 0)")
+        if self.attention not in ("prefix", "causal"):
+            raise NmtError(f"model.attention {self.attention!r} is not allowed "
+                           "(fix: prefix or causal)")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        """From a mapping such as params['model']; unknown keys are an error, not ignored."""
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise NmtError(f"unknown model settings {unknown} (fix: use only {', '.join(known)})")
+        return cls(**d)
 
 
 def find_schema(params_path: Path) -> Path:
@@ -87,13 +138,10 @@ def check_semantics(params: dict) -> None:
         at_model = f"recipes.{name}" if "model" in recipe else "model"
         at_train = f"recipes.{name}" if "train" in recipe else "train"
 
-        # ModelConfig checks this too, for code that builds models directly; this one runs
-        # at load time, without importing torch (Snakemake and download load params too).
-        if m["d_model"] % m["nhead"]:
-            raise NmtError(
-                f"params.yaml: {at_model}: d_model {m['d_model']} is not divisible by nhead "
-                f"{m['nhead']} (fix: make d_model a multiple of nhead)"
-            )
+        try:
+            ModelConfig.from_dict(m)
+        except NmtError as e:
+            raise NmtError(f"params.yaml: {at_model}: {e}") from None
         if m["tie_embeddings"] and r["vocab"]["kind"] != "bpe":
             raise NmtError(
                 f"params.yaml: {at_model}: tie_embeddings needs one shared vocabulary "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.tokenize import read_lines, read_tokens
+from nmt.text import read_lines, read_tokens
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
 
 Pair = tuple[list[int], list[int]]

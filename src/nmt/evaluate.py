@@ -14,26 +14,17 @@ from pathlib import Path
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 
-from nmt.checkpoint import load, pick_device
+from nmt.checkpoint import check_vocab, load
 from nmt.config import NmtError
 from nmt.data import Batches, load_pairs
 from nmt.files import atomic_dir, write_json
+from nmt.runtime import corpus_loss, pick_device
 from nmt.search import translate_batches
-from nmt.tokenize import read_lines
-from nmt.train import corpus_loss
+from nmt.text import read_lines
 from nmt.vocab import BOS_ID, EOS_ID, load_codecs
 
 log = logging.getLogger("nmt.evaluate")
 ATTENTION_TESTSET = "test_2016_flickr"
-
-
-def check_vocab(ckpt: dict, src_codec, tgt_codec, vocab_dir: Path) -> None:
-    """The vocabulary on disk must be the one the checkpoint was trained with."""
-    sizes = (len(src_codec), len(tgt_codec))
-    if sizes != (ckpt["src_vocab_size"], ckpt["tgt_vocab_size"]):
-        raise NmtError(f"{vocab_dir} has {sizes[0]}/{sizes[1]} source/target tokens, the "
-                       f"checkpoint {ckpt['src_vocab_size']}/{ckpt['tgt_vocab_size']} "
-                       "(fix: re-run `nmt train` after changing the vocabulary)")
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict:

@@ -15,7 +15,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from nmt.config import NmtError, resolve, run_name  # noqa: E402
 from nmt.files import atomic_dir, atomic_path, read_json, write_json, write_text  # noqa: E402
-from nmt.tokenize import read_lines  # noqa: E402
+from nmt.text import read_lines  # noqa: E402
 
 log = logging.getLogger("nmt.report")
 

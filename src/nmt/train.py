@@ -14,24 +14,19 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from nmt import checkpoint
-from nmt.config import NmtError
+from nmt.config import ModelConfig, NmtError
 from nmt.data import Batches, load_pairs
 from nmt.files import write_json, write_text
-from nmt.models import ModelConfig, build_model
-from nmt.vocab import PAD_ID, load_codecs
+from nmt.models import build_model
+from nmt.runtime import corpus_loss, pick_device, seed_everything, token_loss
+from nmt.vocab import load_codecs
 
 log = logging.getLogger("nmt.train")
 
 HISTORY_FIELDS = ("epoch", "train_loss", "valid_loss", "lr", "seconds", "tokens_per_second")
-
-
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    torch.cuda.manual_seed_all(seed)
 
 
 def lr_factor(step: int, warmup: int) -> float:
@@ -40,37 +35,6 @@ def lr_factor(step: int, warmup: int) -> float:
         return 1.0
     step = max(step, 1)
     return min(step / warmup, math.sqrt(warmup / step))
-
-
-def autocast(device: torch.device):
-    """bf16 autocast on CUDA (tensor cores, no loss scaling needed); a no-op on CPU."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.device(device).type == "cuda")
-
-
-def token_loss(model, src, tgt, device, label_smoothing=0.0):
-    """(summed loss, target tokens) of one batch under teacher forcing; pads ignored."""
-    src, tgt = src.to(device, non_blocking=True), tgt.to(device, non_blocking=True)
-    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    with autocast(device):
-        logits = model(src, tgt_in)  # (B, T, V)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID,
-                           reduction="sum", label_smoothing=label_smoothing)
-    return loss, (tgt_out != PAD_ID).sum()
-
-
-@torch.inference_mode()
-def corpus_loss(model, batches, device) -> float:
-    """Per-token cross-entropy over a whole split (no label smoothing)."""
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), device=device)
-    count = torch.zeros((), device=device, dtype=torch.long)
-    for src, tgt in batches:
-        loss, n = token_loss(model, src, tgt, device)
-        total += loss
-        count += n
-    model.train(was_training)
-    return (total / count).item()
 
 
 def average_states(states: list[dict]) -> dict:
@@ -84,7 +48,7 @@ def train(params: dict, recipe: str, model_name: str, tokenized_dir: Path, vocab
     """Train one (recipe, model) run; returns the summary also written to train.json."""
     t, m = params["train"], params["model"]
     run_dir = Path(run_dir)
-    device = checkpoint.pick_device(t["device"])
+    device = pick_device(t["device"])
     seed_everything(t["seed"])
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (optimizer) on tensor cores

@@ -6,11 +6,11 @@ import logging
 import sys
 from pathlib import Path
 
-from nmt.checkpoint import load, pick_device
+from nmt.checkpoint import check_vocab, load
 from nmt.config import NmtError
-from nmt.evaluate import check_vocab
+from nmt.runtime import pick_device
 from nmt.search import translate_batches
-from nmt.tokenize import tokenize_lines
+from nmt.text import tokenize_lines
 from nmt.vocab import BOS_ID, EOS_ID, load_codecs
 
 log = logging.getLogger("nmt.translate")

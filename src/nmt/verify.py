@@ -16,9 +16,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nmt.config import ModelConfig
 from nmt.data import Batches, load_pairs
 from nmt.files import write_json
-from nmt.models import ModelConfig, build_model
+from nmt.models import build_model
 from nmt.models.baseline import plain_path
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
 from nmt.vocab import PAD_ID, load_codecs

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nmt.config import NmtError
 from nmt.files import atomic_dir, read_json, write_json
-from nmt.tokenize import detokenize, read_lines, read_tokens
+from nmt.text import detokenize, read_lines, read_tokens
 
 log = logging.getLogger("nmt.vocab")
 

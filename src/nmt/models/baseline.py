@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from nmt.config import ModelConfig
+
 
 @contextlib.contextmanager
 def plain_path():
@@ -72,25 +74,20 @@ class PrefixCache:
 class BaselineTransformer(nn.Module):
     """Embeddings, positions, nn.Transformer(batch_first=True) and a generator."""
 
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, num_encoder_layers: int = 6,
-                 num_decoder_layers: int = 6, d_model: int = 512, nhead: int = 8,
-                 dim_feedforward: int = 2048, dropout: float = 0.1, tie_embeddings: bool = False,
-                 max_len: int = 256, pad_id: int = 1):
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                 pad_id: int = 1):
         super().__init__()
-        if tie_embeddings and src_vocab_size != tgt_vocab_size:
-            raise ValueError(f"tie_embeddings needs one shared vocabulary, got source "
-                             f"{src_vocab_size} and target {tgt_vocab_size}; use vocab.kind bpe "
-                             "or set model.tie_embeddings false")
+        d_model, dropout = cfg.d_model, cfg.dropout
         self.pad_id = pad_id
         self.transformer = nn.Transformer(
-            d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
-            num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward,
+            d_model=d_model, nhead=cfg.nhead, num_encoder_layers=cfg.num_encoder_layers,
+            num_decoder_layers=cfg.num_decoder_layers, dim_feedforward=cfg.dim_feedforward,
             dropout=dropout, batch_first=True)
         self.generator = nn.Linear(d_model, tgt_vocab_size)
         self.src_tok_emb = TokenEmbedding(src_vocab_size, d_model)
         self.tgt_tok_emb = TokenEmbedding(tgt_vocab_size, d_model)
-        self.positional_encoding = PositionalEncoding(d_model, dropout, max_len)
-        if tie_embeddings:  # one matrix for source, target and output tokens
+        self.positional_encoding = PositionalEncoding(d_model, dropout, cfg.max_len)
+        if cfg.tie_embeddings:  # one matrix for source, target and output tokens
             self.tgt_tok_emb.embedding.weight = self.src_tok_emb.embedding.weight
             self.generator.weight = self.src_tok_emb.embedding.weight
         for p in self.parameters():

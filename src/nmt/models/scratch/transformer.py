@@ -3,6 +3,7 @@
 import torch
 import torch.nn as nn
 
+from nmt.config import ModelConfig
 from nmt.models.scratch.attention import MultiHeadAttention
 from nmt.models.scratch.decoder import Decoder, KVCache
 from nmt.models.scratch.embedding import Embeddings, PositionalEncoding
@@ -22,23 +23,18 @@ def causal_mask(size: int, device) -> torch.Tensor:
 class ScratchTransformer(nn.Module):
     """Post-norm Transformer, the same architecture as torch.nn.Transformer, written by hand."""
 
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, num_encoder_layers: int = 6,
-                 num_decoder_layers: int = 6, d_model: int = 512, nhead: int = 8,
-                 dim_feedforward: int = 2048, dropout: float = 0.1, tie_embeddings: bool = False,
-                 max_len: int = 256, pad_id: int = 1):
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                 pad_id: int = 1):
         super().__init__()
-        if tie_embeddings and src_vocab_size != tgt_vocab_size:
-            raise ValueError(f"tie_embeddings needs one shared vocabulary, got source "
-                             f"{src_vocab_size} and target {tgt_vocab_size}; use vocab.kind bpe "
-                             "or set model.tie_embeddings false")
+        d_model, nhead, ff, dropout = cfg.d_model, cfg.nhead, cfg.dim_feedforward, cfg.dropout
         self.pad_id = pad_id
         self.src_embed = Embeddings(src_vocab_size, d_model)
         self.tgt_embed = Embeddings(tgt_vocab_size, d_model)
-        self.pos = PositionalEncoding(d_model, dropout, max_len)
-        self.encoder = Encoder(num_encoder_layers, d_model, nhead, dim_feedforward, dropout)
-        self.decoder = Decoder(num_decoder_layers, d_model, nhead, dim_feedforward, dropout)
+        self.pos = PositionalEncoding(d_model, dropout, cfg.max_len)
+        self.encoder = Encoder(cfg.num_encoder_layers, d_model, nhead, ff, dropout)
+        self.decoder = Decoder(cfg.num_decoder_layers, d_model, nhead, ff, dropout)
         self.generator = nn.Linear(d_model, tgt_vocab_size)
-        if tie_embeddings:  # one matrix for source, target and output tokens
+        if cfg.tie_embeddings:  # one matrix for source, target and output tokens
             self.tgt_embed.token.weight = self.src_embed.token.weight
             self.generator.weight = self.src_embed.token.weight
         # As the PyTorch translation tutorial: Xavier-uniform for every matrix.

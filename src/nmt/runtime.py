@@ -1,0 +1,65 @@
+"""What training, evaluation and the benchmark share: device choice, seeding, bf16 autocast
+and the token-level loss under teacher forcing."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn.functional as F
+
+from nmt.config import NmtError
+from nmt.vocab import PAD_ID
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """`auto`: CUDA when present, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise NmtError(f"device {name!r} asked for, but no CUDA GPU is visible (fix: device: auto)")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator a run draws from: torch (CPU and CUDA) and Python's."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA (tensor cores, no loss scaling needed); a no-op on CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.device(device).type == "cuda")
+
+
+def token_loss(model, src, tgt, device, label_smoothing: float = 0.0, reduction: str = "sum"):
+    """(loss, target tokens) of one batch under teacher forcing; pads ignored.
+
+    reduction "sum": one summed loss; "none": a (B,) loss per sentence (summed over its tokens).
+    """
+    src, tgt = src.to(device, non_blocking=True), tgt.to(device, non_blocking=True)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    with autocast(device):
+        logits = model(src, tgt_in)  # (B, T, V)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID,
+                           reduction="sum" if reduction == "sum" else "none",
+                           label_smoothing=label_smoothing)
+    if reduction != "sum":
+        loss = loss.view(tgt_out.shape).sum(dim=1)  # (B,)
+    return loss, (tgt_out != PAD_ID).sum()
+
+
+@torch.inference_mode()
+def corpus_loss(model, batches, device) -> float:
+    """Per-token cross-entropy over a whole split (no label smoothing)."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device=device)
+    count = torch.zeros((), device=device, dtype=torch.long)
+    for src, tgt in batches:
+        loss, n = token_loss(model, src, tgt, device)
+        total += loss
+        count += n
+    model.train(was_training)
+    return (total / count).item()
