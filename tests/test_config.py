@@ -5,7 +5,7 @@ import yaml
 
 from conftest import REPO, edit_params
 from nmt.cli import main
-from nmt.config import NmtError, load_params, resolve, run_name
+from nmt.config import NmtError, Run, load_params, resolve
 
 
 def test_repository_params_are_valid():
@@ -15,7 +15,8 @@ def test_repository_params_are_valid():
     # The published reference: 6+6 layers, d_model 512, 8 heads, ffn 2048, batch 32, Adam 1e-4.
     assert published["model"]["d_model"] == 512 and published["model"]["nhead"] == 8
     assert published["train"]["batch_size"] == 32 and published["train"]["epochs"] == 15
-    assert run_name("published", "scratch") == "published-scratch"
+    assert Run("published", "scratch").name == "published-scratch-s0"
+    assert Run.parse("tuned_no_bpe-baseline-s2") == Run("tuned_no_bpe", "baseline", 2)
 
 
 @pytest.mark.parametrize(

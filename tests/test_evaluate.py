@@ -103,12 +103,12 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
 def test_translate_cli_handles_empty_long_and_unknown_input(prepared, tmp_path, capsys, caplog,
                                                             kind, name):
     # The vocabulary folder is looked up as --vocab / the checkpoint's recipe.
-    save_run(tmp_path / "results" / f"{kind}-{name}", name, kind, prepared["word"].parent / kind)
+    save_run(tmp_path / "results" / f"{kind}-{name}-s0", name, kind, prepared["word"].parent / kind)
     unknown = "Ein Zzyzxqwv springt."
     src_codec, _ = load_codecs(prepared["word"])
     assert UNK_ID in src_codec.encode(["Ein", "Zzyzxqwv", "springt", "."])
     long_line = " ".join(["Ein Hund läuft über die Wiese ."] * 12)  # 84 tokens > max_len 48
-    base = ["--params", str(REPO / "params.yaml"), "translate", "--run", f"{kind}-{name}",
+    base = ["--params", str(REPO / "params.yaml"), "translate", "--run", f"{kind}-{name}-s0",
             "--results", str(tmp_path / "results"), "--vocab", str(prepared["word"].parent),
             "--device", "cpu"]
 
@@ -125,7 +125,7 @@ def test_translate_cli_handles_empty_long_and_unknown_input(prepared, tmp_path, 
 
 
 def test_translate_reads_stdin_and_beam_one_is_greedy(prepared, tmp_path, capsys, monkeypatch):
-    save_run(tmp_path / "results" / "published-scratch", "scratch", "published",
+    save_run(tmp_path / "results" / "published-scratch-s0", "scratch", "published",
              prepared["word"])
     (tmp_path / "vocab").mkdir()
     (tmp_path / "vocab" / "published").symlink_to(prepared["word"])
@@ -140,7 +140,7 @@ def test_translate_reads_stdin_and_beam_one_is_greedy(prepared, tmp_path, capsys
 
 def test_translate_names_the_fix_for_a_missing_checkpoint(tmp_path, capsys):
     argv = ["--params", str(REPO / "params.yaml"), "translate", "--results", str(tmp_path),
-            "--run", "published-baseline", "Hallo"]
+            "--run", "published-baseline-s0", "Hallo"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "best.pt not found" in err and "nmt train --recipe published --model baseline" in err

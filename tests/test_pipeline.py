@@ -100,10 +100,10 @@ def test_dvc_repro(mirror, tmp_path):
     status = run(["dvc", "status"], root)
     assert "vocab@published" in status and "tokenize" not in status
     ran = stages_run(run(["dvc", "repro"], root))
-    assert {"vocab@published", "train@published-baseline", "train@published-scratch",
+    assert {"vocab@published", "train@published-baseline-0", "train@published-scratch-0",
             "report"} <= ran
     # The BPE recipe ignores min_freq: its vocabulary re-runs but comes out identical.
-    assert not ran & {"download", "tokenize", "train@tuned-scratch", "train@tuned-baseline"}
+    assert not ran & {"download", "tokenize", "train@tuned-scratch-0", "train@tuned-baseline-0"}
 
 
 def stages_run(output: str) -> set[str]:

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from nmt.config import NmtError, load_params, resolve, run_name
+from nmt.config import NmtError, Run, load_params, resolve
 
 RAW, TOKENIZED, VOCAB, RESULTS, REPORTS = (
     Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"))
@@ -46,17 +46,17 @@ def cmd_verify(args, params):
 def cmd_train(args, params):
     from nmt.train import train
 
-    run = run_name(args.recipe, args.model)
-    train(resolve(params, args.recipe), args.recipe, args.model, args.tokenized,
-          args.vocab / args.recipe, args.results / run)
+    run = Run(args.recipe, args.model, args.seed)
+    train(resolve(params, args.recipe), run, args.tokenized, args.vocab / args.recipe,
+          run.dir(args.results))
 
 
 def cmd_evaluate(args, params):
     from nmt.evaluate import evaluate
 
-    run = run_name(args.recipe, args.model)
+    run = Run(args.recipe, args.model, args.seed)
     evaluate(resolve(params, args.recipe), args.tokenized, args.vocab / args.recipe,
-             args.results / run)
+             run.dir(args.results))
 
 
 def cmd_translate(args, params):
@@ -120,15 +120,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, help_ in (
         ("train", cmd_train,
          "Read data/tokenized and data/vocab/<recipe>, train one model and write "
-         "results/<recipe>-<model>/: best.pt, last.pt, history.csv, train.json."),
+         "results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv, train.json."),
         ("evaluate", cmd_evaluate,
-         "Read results/<recipe>-<model>/best.pt and the test sets, write metrics.json (loss, "
-         "perplexity, BLEU greedy and beam, chrF), translations/ and attention.json (one "
+         "Read results/<recipe>-<model>-s<seed>/best.pt and the test sets, write metrics.json "
+         "(loss, perplexity, BLEU greedy and beam, chrF), translations/ and attention.json (one "
          "sentence's attention weights) to the same folder."),
     ):
         s = stage(name, func, help_)
         s.add_argument("--recipe", default="published")
         s.add_argument("--model", required=True, choices=["baseline", "scratch"])
+        s.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
         s.add_argument("--tokenized", type=Path, default=TOKENIZED)
         s.add_argument("--vocab", type=Path, default=VOCAB)
         s.add_argument("--results", type=Path, default=RESULTS)
@@ -137,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
               "Translate German sentences given as arguments, in --file, or on standard input, "
               "with a trained run's checkpoint; prints one English line per input line.")
     s.add_argument("sentences", nargs="*")
-    s.add_argument("--run", default="published-scratch",
-                   help="results/<run> to load (default: published-scratch)")
+    s.add_argument("--run", default="published-scratch-s0",
+                   help="results/<run> to load (default: published-scratch-s0)")
     s.add_argument("--checkpoint", type=Path, default=None, help="a .pt file instead of --run")
     s.add_argument("--file", type=Path, default=None)
     s.add_argument("--results", type=Path, default=RESULTS)

@@ -194,6 +194,33 @@ def resolve(params: dict, recipe: str) -> dict[str, Any]:
     return _merge(resolved, overrides)
 
 
-def run_name(recipe: str, model: str) -> str:
-    """A run is one (recipe, model) pair; its outputs live in results/<run>/."""
-    return f"{recipe}-{model}"
+@dataclass(frozen=True)
+class Run:
+    """One training run: a (recipe, model, seed); the one place that names its folder."""
+
+    recipe: str
+    model: str
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.recipe}-{self.model}-s{self.seed}"
+
+    def dir(self, results: str | Path = "results") -> Path:
+        """results/<recipe>-<model>-s<seed>/: checkpoints, history, metrics, translations."""
+        return Path(results) / self.name
+
+    @classmethod
+    def parse(cls, name: str) -> Run:
+        """The inverse of .name: 'tuned-scratch-s1' -> Run('tuned', 'scratch', 1)."""
+        parts = name.rsplit("-", 2)
+        if len(parts) != 3 or not parts[2].startswith("s") or not parts[2][1:].isdigit():
+            raise NmtError(f"run {name!r} is not <recipe>-<model>-s<seed> "
+                           "(fix: for example published-scratch-s0)")
+        return cls(parts[0], parts[1], int(parts[2][1:]))
+
+
+def runs(params: dict) -> list[Run]:
+    """Every run the pipeline makes: pipeline.recipes x pipeline.models x pipeline.seeds."""
+    p = params["pipeline"]
+    return [Run(r, m, s) for r in p["recipes"] for m in p["models"] for s in p["seeds"]]

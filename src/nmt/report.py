@@ -13,7 +13,7 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from nmt.config import NmtError, resolve, run_name  # noqa: E402
+from nmt.config import NmtError, Run, resolve  # noqa: E402
 from nmt.files import atomic_dir, atomic_path, read_json, write_json, write_text  # noqa: E402
 from nmt.text import read_lines  # noqa: E402
 
@@ -37,7 +37,7 @@ def collect(params: dict, results: Path) -> tuple[pd.DataFrame, dict]:
     rows, runs = [], {}
     for recipe in params["pipeline"]["recipes"]:
         for model in params["pipeline"]["models"]:
-            run = results / run_name(recipe, model)
+            run = Run(recipe, model, params["pipeline"]["seeds"][0]).dir(results)
             metrics = read_json(need(run / "metrics.json"))
             summary = read_json(need(run / "train.json"))
             history = pd.read_csv(need(run / "history.csv"))
@@ -111,6 +111,7 @@ def md_table(df: pd.DataFrame, floatfmt=".2f") -> str:
 def report(params: dict, tokenized: Path, vocab_root: Path, results: Path, out: Path) -> None:
     recipes, models = params["pipeline"]["recipes"], params["pipeline"]["models"]
     src_lang, tgt_lang = params["data"]["source_lang"], params["data"]["target_lang"]
+    seed = params["pipeline"]["seeds"][0]  # one seed for now
     table, runs = collect(params, results)
     stats = read_json(need(tokenized / "stats.json"))
 
@@ -118,7 +119,7 @@ def report(params: dict, tokenized: Path, vocab_root: Path, results: Path, out: 
         plot_losses(runs, recipes, figures / "loss.png")
         attention = None
         if "scratch" in models:
-            run = run_name(recipes[0], "scratch")
+            run = Run(recipes[0], "scratch", params["pipeline"]["seeds"][0]).name
             attention = read_json(need(results / run / "attention.json"))
             plot_attention(attention, run, figures / "attention.png")
 
@@ -144,7 +145,7 @@ def report(params: dict, tokenized: Path, vocab_root: Path, results: Path, out: 
                  "test loss (published)": PUBLISHED[r.model]["loss"],
                  "s/epoch (ours)": r.seconds_per_epoch,
                  "s/epoch (published)": PUBLISHED[r.model]["seconds_per_epoch"],
-                 "device (ours)": runs[run_name("published", r.model)]["train"]["device"]}
+                 "device (ours)": runs[Run("published", r.model, seed).name]["train"]["device"]}
                 for r in pub.itertuples()]
     if ref_rows:
         lines += [md_table(pd.DataFrame(ref_rows), ".4f"), "",
@@ -182,7 +183,7 @@ def report(params: dict, tokenized: Path, vocab_root: Path, results: Path, out: 
     lines += ["## Sample translations (test_2016_flickr, beam search)", ""]
     sources = read_lines(tokenized / f"test_2016_flickr.{src_lang}.txt")
     refs = read_lines(tokenized / f"test_2016_flickr.{tgt_lang}.txt")
-    outputs = {m: read_lines(results / run_name(recipes[0], m) / "translations"
+    outputs = {m: read_lines(Run(recipes[0], m, seed).dir(results) / "translations"
                              / "test_2016_flickr.beam.txt") for m in models}
     step = max(1, len(sources) // max(1, params["report"]["samples"]))
     for i in list(range(0, len(sources), step))[: params["report"]["samples"]]:
@@ -204,7 +205,7 @@ def report(params: dict, tokenized: Path, vocab_root: Path, results: Path, out: 
     for recipe in recipes:
         meta = read_json(need(vocab_root / recipe / "meta.json"))
         r = resolve(params, recipe)
-        n = {m: runs[run_name(recipe, m)]["train"]["params"] for m in models}
+        n = {m: runs[Run(recipe, m, seed).name]["train"]["params"] for m in models}
         lines += [f"### recipe `{recipe}`", "",
                   f"Vocabulary: {meta['kind']}, source {meta['src_size']:,}, target "
                   f"{meta['tgt_size']:,}. Parameters: "

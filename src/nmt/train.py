@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from nmt import checkpoint
-from nmt.config import ModelConfig, NmtError
+from nmt.config import ModelConfig, NmtError, Run
 from nmt.data import Batches, load_pairs
 from nmt.files import write_json, write_text
 from nmt.models import build_model
@@ -43,13 +43,13 @@ def average_states(states: list[dict]) -> dict:
             for k in states[0]}
 
 
-def train(params: dict, recipe: str, model_name: str, tokenized_dir: Path, vocab_dir: Path,
-          run_dir: Path) -> dict:
+def train(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) -> dict:
     """Train one (recipe, model) run; returns the summary also written to train.json."""
     t, m = params["train"], params["model"]
     run_dir = Path(run_dir)
+    recipe, model_name = run.recipe, run.model
     device = pick_device(t["device"])
-    seed_everything(t["seed"])
+    seed_everything(run.seed)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (optimizer) on tensor cores
 
@@ -58,7 +58,7 @@ def train(params: dict, recipe: str, model_name: str, tokenized_dir: Path, vocab
     train_pairs = load_pairs(tokenized_dir, "train", src_codec, tgt_codec, cfg.max_len)
     valid_pairs = load_pairs(tokenized_dir, "val", src_codec, tgt_codec, cfg.max_len)
     train_batches = Batches(train_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
-                            shuffle=True, seed=t["seed"])
+                            shuffle=True, seed=run.seed)
     valid_batches = Batches(valid_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
                             shuffle=False)
     log.info("read %d train / %d valid pairs from %s, vocab %d/%d from %s", len(train_pairs),
@@ -139,7 +139,8 @@ def train(params: dict, recipe: str, model_name: str, tokenized_dir: Path, vocab
                  averaged=len(recent))
 
     summary = {
-        "run": run_dir.name, "recipe": recipe, "model": model_name, "device": str(device),
+        "run": run_dir.name, "recipe": recipe, "model": model_name, "seed": run.seed,
+        "device": str(device),
         "params": n_params, "epochs": len(history), "best_epoch": best_epoch,
         "best_valid_loss": round(best, 5), "averaged_valid_loss": averaged,
         "seconds_per_epoch": round(sum(r["seconds"] for r in history) / len(history), 2),

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from nmt.checkpoint import check_vocab, load
-from nmt.config import NmtError
+from nmt.config import NmtError, Run
 from nmt.runtime import pick_device
 from nmt.search import translate_batches
 from nmt.text import tokenize_lines
@@ -30,12 +30,12 @@ def read_input(args) -> list[str]:
 def checkpoint_path(args) -> Path:
     if args.checkpoint is not None:
         path = args.checkpoint
-        hint = "pass the .pt file of a trained run, e.g. results/published-scratch/best.pt"
+        hint = "pass the .pt file of a trained run, e.g. results/published-scratch-s0/best.pt"
     else:
         path = args.results / args.run / "best.pt"
-        recipe, _, model = args.run.rpartition("-")
-        hint = (f"train it with `nmt train --recipe {recipe or 'published'} --model "
-                f"{model or 'scratch'}`, or choose another run with --run")
+        run = Run.parse(args.run)
+        hint = (f"train it with `nmt train --recipe {run.recipe} --model {run.model} --seed "
+                f"{run.seed}`, or choose another run with --run")
     if not path.is_file():
         raise NmtError(f"{path} not found (fix: {hint})")
     return path

@@ -14,12 +14,14 @@ except NmtError as e:
 
 RECIPES = config["pipeline"]["recipes"]
 MODELS = config["pipeline"]["models"]
+SEEDS = config["pipeline"]["seeds"]
 CODE = "src/nmt"
 
 
 wildcard_constraints:
     recipe="[a-z][a-z0-9_]*",
     model="baseline|scratch",
+    seed=r"\d+",
 
 
 def section(name, recipe=None):

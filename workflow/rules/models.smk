@@ -20,10 +20,10 @@ rule verify:
 
 rule train:
     output:
-        best="results/{recipe}-{model}/best.pt",
-        last="results/{recipe}-{model}/last.pt",
-        summary="results/{recipe}-{model}/train.json",
-        history="results/{recipe}-{model}/history.csv",
+        best="results/{recipe}-{model}-s{seed}/best.pt",
+        last="results/{recipe}-{model}-s{seed}/last.pt",
+        summary="results/{recipe}-{model}-s{seed}/train.json",
+        history="results/{recipe}-{model}-s{seed}/history.csv",
     input:
         verified="results/verify/{recipe}.json",  # no training until the models are proven equal
         tokenized="data/tokenized",
@@ -37,18 +37,18 @@ rule train:
     conda:
         "../envs/nmt.yaml"
     log:
-        "logs/train/{recipe}-{model}.log",
+        "logs/train/{recipe}-{model}-s{seed}.log",
     shell:
-        "nmt train --recipe {wildcards.recipe} --model {wildcards.model} 2> {log}"
+        "nmt train --recipe {wildcards.recipe} --model {wildcards.model} --seed {wildcards.seed} 2> {log}"
 
 
 rule evaluate:
     output:
-        metrics="results/{recipe}-{model}/metrics.json",
-        translations=directory("results/{recipe}-{model}/translations"),
-        attention="results/{recipe}-{model}/attention.json",
+        metrics="results/{recipe}-{model}-s{seed}/metrics.json",
+        translations=directory("results/{recipe}-{model}-s{seed}/translations"),
+        attention="results/{recipe}-{model}-s{seed}/attention.json",
     input:
-        checkpoint="results/{recipe}-{model}/best.pt",
+        checkpoint="results/{recipe}-{model}-s{seed}/best.pt",
         tokenized="data/tokenized",
         vocab="data/vocab/{recipe}",
         code=[f"{CODE}/evaluate.py", f"{CODE}/search.py", f"{CODE}/models"],
@@ -59,6 +59,6 @@ rule evaluate:
     conda:
         "../envs/nmt.yaml"
     log:
-        "logs/evaluate/{recipe}-{model}.log",
+        "logs/evaluate/{recipe}-{model}-s{seed}.log",
     shell:
-        "nmt evaluate --recipe {wildcards.recipe} --model {wildcards.model} 2> {log}"
+        "nmt evaluate --recipe {wildcards.recipe} --model {wildcards.model} --seed {wildcards.seed} 2> {log}"

@@ -31,8 +31,8 @@ rule report:
         metrics="reports/metrics.json",
         figures=directory("reports/figures"),
     input:
-        metrics=expand("results/{recipe}-{model}/metrics.json", recipe=RECIPES, model=MODELS),
-        history=expand("results/{recipe}-{model}/history.csv", recipe=RECIPES, model=MODELS),
+        metrics=expand("results/{recipe}-{model}-s{seed}/metrics.json", recipe=RECIPES, model=MODELS, seed=SEEDS),
+        history=expand("results/{recipe}-{model}-s{seed}/history.csv", recipe=RECIPES, model=MODELS, seed=SEEDS),
         verified=expand("results/verify/{recipe}.json", recipe=RECIPES),
         bench="results/bench.json",
         code=f"{CODE}/report.py",
