@@ -62,8 +62,9 @@ def prepared(tmp_path_factory, mirror) -> dict:
 
     root = tmp_path_factory.mktemp("data")
     params = load_params(REPO / "params.yaml")
-    download(root / "raw", params["data"]["base_url"], retries=1)
-    tokenize(root / "raw", root / "tokenized", 1000, max_train=2000, max_test=100)
+    download(root / "raw", params["data"], sums=REPO / "workflow" / "multi30k.sha256", retries=1)
+    data = params["data"] | {"max_train_pairs": 2000, "max_test_pairs": 100}
+    tokenize(root / "raw", root / "tokenized", data, 1000)
     word = build(root / "tokenized", root / "vocab" / "word", params["vocab"], "de", "en")
     bpe = build(root / "tokenized", root / "vocab" / "bpe",
                 {**params["vocab"], "kind": "bpe", "bpe_size": 1000}, "de", "en")

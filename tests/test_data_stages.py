@@ -7,16 +7,20 @@ import shutil
 import pytest
 import sacrebleu
 
-from nmt.config import NmtError
+from conftest import REPO
+from nmt.config import NmtError, load_params
 from nmt.data import Batches, load_pairs
-from nmt.download import SHA256, download
+from nmt.download import SUMS, download, read_sums, sha256
 from nmt.text import detokenize, read_lines, read_tokens, tokenize_lines
 from nmt.tokenize import tokenize
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIALS, build_vocab, load_codecs
 
+DATA = load_params(REPO / "params.yaml")["data"]
+UNREACHABLE = "http://127.0.0.1:9/unreachable"
+
 
 def test_download_verifies_every_file(prepared):
-    assert sorted(p.name for p in prepared["raw"].iterdir()) == sorted(SHA256)
+    assert sorted(p.name for p in prepared["raw"].iterdir()) == sorted(read_sums(REPO / SUMS))
 
 
 def test_corrupt_mirror_file_is_rejected_and_nothing_is_left(mirror, tmp_path, monkeypatch):
@@ -28,16 +32,36 @@ def test_corrupt_mirror_file_is_rejected_and_nothing_is_left(mirror, tmp_path, m
     monkeypatch.setenv("MULTI30K_MIRROR", str(bad))
     out = tmp_path / "data" / "raw"
     with pytest.raises(NmtError) as err:
-        download(out, "http://127.0.0.1:9/unreachable", retries=1, backoff=0)
+        download(out, DATA | {"base_url": UNREACHABLE}, retries=1, backoff=0)
     msg = str(err.value)
-    assert "val.en.gz" in msg and SHA256["val.en.gz"] in msg and "corrupt: sha256 " in msg
+    assert "val.en.gz" in msg and read_sums(REPO / SUMS)["val.en.gz"] in msg
+    assert "corrupt: sha256 " in msg
     assert not out.exists() and not list((tmp_path / "data").iterdir())
+
+
+def test_a_test_set_is_a_params_entry_plus_its_pinned_sum(prepared, tmp_path, monkeypatch):
+    """A new test set of the same format needs no code: data.testsets and one sha256 line."""
+    mirror = tmp_path / "mirror"
+    shutil.copytree(prepared["raw"], mirror)
+    for lang in ("de", "en"):  # a made-up test set: the first 7 lines of val
+        lines = gzip.decompress((mirror / f"val.{lang}.gz").read_bytes()).splitlines()[:7]
+        (mirror / f"test_mine.{lang}.gz").write_bytes(gzip.compress(b"\n".join(lines) + b"\n"))
+    sums = tmp_path / "sums"
+    sums.write_text((REPO / SUMS).read_text() + "".join(
+        f"{sha256(mirror / f'test_mine.{x}.gz')}  test_mine.{x}.gz\n" for x in ("de", "en")))
+    monkeypatch.setenv("MULTI30K_MIRROR", str(mirror))
+    data = DATA | {"base_url": UNREACHABLE, "testsets": ["test_mine"]}
+    with pytest.raises(NmtError, match="test_mine.de.gz has no pinned sha256 in .*fix: add"):
+        download(tmp_path / "raw", data, sums=REPO / SUMS, retries=1)
+    download(tmp_path / "raw", data, sums=sums, retries=1)
+    stats = tokenize(tmp_path / "raw", tmp_path / "tok", data | {"max_train_pairs": 10}, 100)
+    assert stats["test_mine.en"]["sentences"] == 7 and "test_2016_flickr.en" not in stats
 
 
 def test_missing_source_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("MULTI30K_MIRROR", str(tmp_path / "empty"))
     with pytest.raises(NmtError, match="could not fetch train.de.gz .*fix: set MULTI30K_MIRROR"):
-        download(tmp_path / "raw", "http://127.0.0.1:9/unreachable", retries=2, backoff=0)
+        download(tmp_path / "raw", DATA | {"base_url": UNREACHABLE}, retries=2, backoff=0)
     assert not (tmp_path / "raw").exists()
 
 
@@ -70,11 +94,11 @@ def test_truncated_or_corrupt_raw_file(prepared, tmp_path):
     raw = tmp_path / "raw"
     shutil.copytree(prepared["raw"], raw)
     (raw / "val.de.gz").write_bytes(gzip.compress(b"only one line\n"))
-    with pytest.raises(NmtError, match="val: 1 German vs 1014 English lines"):
-        tokenize(raw, tmp_path / "tok", 100, 0, 0)
+    with pytest.raises(NmtError, match="val: 1 de vs 1014 en lines"):
+        tokenize(raw, tmp_path / "tok", DATA, 100)
     (raw / "val.de.gz").write_bytes(b"not gzip")
     with pytest.raises(NmtError, match="val.de.gz is unreadable"):
-        tokenize(raw, tmp_path / "tok", 100, 0, 0)
+        tokenize(raw, tmp_path / "tok", DATA, 100)
     assert not (tmp_path / "tok").exists()
 
 

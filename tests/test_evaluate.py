@@ -11,9 +11,9 @@ import torch
 from conftest import REPO
 from nmt.checkpoint import load, save
 from nmt.cli import main
-from nmt.config import load_params, resolve
+from nmt.config import Run, load_params, resolve
 from nmt.data import Batches, load_pairs
-from nmt.evaluate import evaluate, score
+from nmt.evaluate import evaluate, score, signatures
 from nmt.models import ModelConfig, build_model
 from nmt.runtime import corpus_loss
 from nmt.text import read_lines
@@ -54,7 +54,7 @@ def test_references_score_100_against_themselves(prepared):
     refs = read_lines(prepared["tokenized"] / "test_2016_flickr.en.txt")
     s = score(refs, refs)
     assert s["bleu"] == pytest.approx(100.0) and s["chrf"] == pytest.approx(100.0)
-    assert "tok:13a" in s["signature"]["bleu"] and "case:mixed" in s["signature"]["bleu"]
+    assert "tok:13a" in signatures()["bleu"] and "case:mixed" in signatures()["bleu"]
 
 
 def test_loss_is_per_token_whatever_the_batch_size(prepared, tmp_path):
@@ -71,29 +71,39 @@ def test_loss_is_per_token_whatever_the_batch_size(prepared, tmp_path):
 
 @pytest.mark.parametrize("name", ["baseline", "scratch"])
 def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path, name):
-    run = tmp_path / "results" / f"published-{name}"
-    save_run(run, name, "published", prepared["word"])
-    metrics = evaluate(tiny_params(), tokenized, prepared["word"], run)
+    run = Run("published", name, 0)
+    save_run(run.dir(tmp_path), name, "published", prepared["word"])
+    metrics = evaluate(tiny_params(), run, tokenized, prepared["word"], tmp_path)
+    run_dir = run.dir(tmp_path)
 
-    assert metrics == json.loads((run / "metrics.json").read_text())
-    assert {k: metrics[k] for k in ("run", "recipe", "model")} == {
-        "run": f"published-{name}", "recipe": "published", "model": name}
-    assert metrics["params"] == sum(p.numel() for p in load(run / "best.pt")[0].parameters())
-    assert set(metrics["signature"]) == {"bleu", "chrf"}
-    assert sorted(metrics["testsets"]) == TESTSETS
-    for testset, m in metrics["testsets"].items():
-        assert set(m) == {"loss", "ppl", "bleu", "bleu_greedy", "chrf", "chrf_greedy",
-                          "sentences", "seconds_greedy", "seconds_beam"}
-        assert m["sentences"] == N_TEST and m["ppl"] == pytest.approx(math.exp(m["loss"]))
+    # metrics.json holds only the numbers people compare (dvc metrics show / exp show).
+    assert metrics == json.loads((run_dir / "metrics.json").read_text())
+    assert sorted(metrics) == TESTSETS
+    about = json.loads((run_dir / "evaluation.json").read_text())
+    assert {k: about[k] for k in ("run", "recipe", "model", "seed")} == {
+        "run": f"published-{name}-s0", "recipe": "published", "model": name, "seed": 0}
+    assert about["params"] == sum(p.numel() for p in load(run_dir / "best.pt")[0].parameters())
+    assert "tok:13a" in about["signature"]["bleu"] and set(about["signature"]) == {"bleu", "chrf"}
+    for testset, m in metrics.items():
+        assert set(m) == {"loss", "ppl", "bleu", "bleu_greedy", "chrf", "chrf_greedy"}
+        assert all(isinstance(v, float) for v in m.values())
+        assert about["testsets"][testset]["sentences"] == N_TEST
+        assert m["ppl"] == pytest.approx(math.exp(m["loss"]))
         refs = read_lines(tokenized / f"{testset}.en.txt")
         for method, key in (("beam", "bleu"), ("greedy", "bleu_greedy")):
-            hyps = read_lines(run / "translations" / f"{testset}.{method}.txt")
+            hyps = read_lines(run_dir / "translations" / f"{testset}.{method}.txt")
             assert len(hyps) == N_TEST
             # The saved translations reproduce the score: nothing else went into it.
             assert sacrebleu.corpus_bleu(hyps, [refs]).score == pytest.approx(m[key])
-    assert sorted(p.name for p in run.iterdir()) == ["attention.json", "best.pt", "metrics.json",
-                                                      "translations"]
-    attention = json.loads((run / "attention.json").read_text())
+        # Per-sentence losses add up to the corpus loss (the report's bootstrap resamples them).
+        rows = [line.split("\t") for line in
+                read_lines(run_dir / "translations" / f"{testset}.loss.tsv")]
+        assert len(rows) == N_TEST
+        total = sum(float(x) for x, _ in rows) / sum(int(n) for _, n in rows)
+        assert total == pytest.approx(m["loss"], rel=1e-9)
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "attention.json", "best.pt", "evaluation.json", "metrics.json", "translations"]
+    attention = json.loads((run_dir / "attention.json").read_text())
     weights = torch.tensor(attention["weights"])  # (output tokens, source tokens)
     assert weights.shape == (len(attention["output"]), len(attention["source"]))
     assert torch.allclose(weights.sum(1), torch.ones(len(weights)), atol=1e-3)  # rows sum to 1

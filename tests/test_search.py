@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt.models import ModelConfig, build_model
-from nmt.search import beam_search, greedy, output_limits, translate_batches
+from nmt.search import DecodeConfig, beam_search, greedy, output_limits, translate_batches
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
 
 SRC_V, TGT_V = 40, 14  # a small target vocabulary: <eos> competes, ends come at many lengths
@@ -83,8 +83,8 @@ def test_output_limits():
 @pytest.mark.parametrize("name", ["baseline", "scratch"])
 def test_batched_greedy_equals_one_sentence_at_a_time_in_input_order(name):
     model, srcs = tiny_model(name), sources(9)
-    batched = translate_batches(model, srcs, batch_size=4, method="greedy", max_len_a=A,
-                                max_len_b=B, progress=False)
+    dc = DecodeConfig(batch_size=4, method="greedy", max_len_a=A, max_len_b=B)
+    batched = translate_batches(model, srcs, dc, progress=False)
     lims = limits(srcs)
     single = [greedy(model, torch.tensor([s]), n)[0] for s, n in zip(srcs, lims, strict=True)]
     reference = [reference_greedy(model, s, n) for s, n in zip(srcs, lims, strict=True)]
@@ -96,17 +96,18 @@ def test_batched_greedy_equals_one_sentence_at_a_time_in_input_order(name):
 @pytest.mark.parametrize("name", ["baseline", "scratch"])
 def test_beam_of_one_equals_greedy(name):
     model, srcs = tiny_model(name), sources(12, seed=2)
-    kw = dict(batch_size=5, max_len_a=A, max_len_b=B, progress=False)
-    assert (translate_batches(model, srcs, method="beam", beam_size=1, **kw)
-            == translate_batches(model, srcs, method="greedy", **kw))
+    kw = dict(batch_size=5, max_len_a=A, max_len_b=B)
+    assert (translate_batches(model, srcs, DecodeConfig(method="beam", beam_size=1, **kw))
+            == translate_batches(model, srcs, DecodeConfig(method="greedy", **kw)))
 
 
 @pytest.mark.parametrize("name", ["baseline", "scratch"])
 @pytest.mark.parametrize("k,alpha", [(3, 0.6), (4, 0.0)])
 def test_batched_beam_equals_reference(name, k, alpha):
     model, srcs = tiny_model(name), sources(6, seed=3)
-    batched = translate_batches(model, srcs, batch_size=4, method="beam", beam_size=k,
-                                length_penalty=alpha, max_len_a=A, max_len_b=B, progress=False)
+    dc = DecodeConfig(batch_size=4, method="beam", beam_size=k, length_penalty=alpha,
+                      max_len_a=A, max_len_b=B)
+    batched = translate_batches(model, srcs, dc, progress=False)
     reference = [reference_beam(model, s, k, alpha, n)
                  for s, n in zip(srcs, limits(srcs), strict=True)]
     assert batched == reference
@@ -122,7 +123,7 @@ def test_beam_search_accepts_one_shared_limit():
 def test_pairs_are_accepted_and_an_unknown_method_is_refused():
     model, srcs = tiny_model("baseline"), sources(3)
     pairs = [(s, [BOS_ID, EOS_ID]) for s in srcs]
-    kw = dict(batch_size=2, progress=False)
-    assert translate_batches(model, pairs, **kw) == translate_batches(model, srcs, **kw)
+    dc = DecodeConfig(batch_size=2)
+    assert translate_batches(model, pairs, dc) == translate_batches(model, srcs, dc)
     with pytest.raises(ValueError, match="unknown search method"):
-        translate_batches(model, srcs, method="sample", **kw)
+        translate_batches(model, srcs, DecodeConfig(method="sample"))

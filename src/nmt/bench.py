@@ -22,7 +22,7 @@ from nmt.data import Batches, load_pairs
 from nmt.files import write_json
 from nmt.models import build_model
 from nmt.runtime import autocast, pick_device, seed_everything, token_loss
-from nmt.search import translate_batches
+from nmt.search import DecodeConfig, translate_batches
 from nmt.vocab import PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.bench")
@@ -73,15 +73,12 @@ def make_step(model, device):
     return step
 
 
-def decoder(model, sources, device, method: str, cap: int, ev: dict):
+def decoder(model, sources, device, dc: DecodeConfig):
     """A function that decodes every source once, batched as nmt evaluate does."""
 
     def decode():
         with autocast(device):
-            translate_batches(model, sources, ev["batch_size"], method,
-                              beam_size=ev["beam_size"], length_penalty=ev["length_penalty"],
-                              max_len_a=ev["max_len_a"], max_len_b=ev["max_len_b"], cap=cap,
-                              progress=False)
+            translate_batches(model, sources, dc, progress=False)
 
     return decode
 
@@ -121,7 +118,8 @@ def bench(args, params: dict) -> dict:
     batches = Batches(train_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
                       shuffle=True, seed=0)
     timed = [(src.to(device), tgt.to(device)) for src, tgt in islice(batches, b["steps"])]
-    test = load_pairs(args.tokenized, "test_2016_flickr", src_codec, tgt_codec, cfg.max_len)
+    testset = e["testsets"][0]  # the attention example and samples use the same one
+    test = load_pairs(args.tokenized, testset, src_codec, tgt_codec, cfg.max_len)
     test = test[: b["sentences"]]
     log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
              device, len(timed), len(test), b["repeats"])
@@ -136,11 +134,12 @@ def bench(args, params: dict) -> dict:
         m.to(device).eval()
 
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "recipe": args.recipe, "steps": len(timed), "sentences": len(test)}
+           "recipe": args.recipe, "testset": testset, "steps": len(timed),
+           "sentences": len(test)}
     # Decoding first, from the shared untrained weights: every sentence runs to its limit.
     for method in ("greedy", "beam"):
-        runs = {name: decoder(m, test, device, method, cfg.max_len - 1, e)
-                for name, m in models.items()}
+        dc = DecodeConfig.from_params(e, method, cfg.max_len - 1)
+        runs = {name: decoder(m, test, device, dc) for name, m in models.items()}
         seconds, _ = interleaved(runs, b["repeats"], device)
         out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
 

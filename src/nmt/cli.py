@@ -16,15 +16,13 @@ RAW, TOKENIZED, VOCAB, RESULTS, REPORTS = (
 def cmd_download(args, params):
     from nmt.download import download
 
-    download(args.out, params["data"]["base_url"])
+    download(args.out, params["data"])
 
 
 def cmd_tokenize(args, params):
     from nmt.tokenize import tokenize
 
-    d = params["data"]
-    tokenize(args.raw, args.out, params["tokenize"]["batch_size"],
-             d["max_train_pairs"], d["max_test_pairs"])
+    tokenize(args.raw, args.out, params["data"], params["tokenize"]["batch_size"])
 
 
 def cmd_vocab(args, params):
@@ -54,9 +52,8 @@ def cmd_train(args, params):
 def cmd_evaluate(args, params):
     from nmt.evaluate import evaluate
 
-    run = Run(args.recipe, args.model, args.seed)
-    evaluate(resolve(params, args.recipe), args.tokenized, args.vocab / args.recipe,
-             run.dir(args.results))
+    evaluate(resolve(params, args.recipe), Run(args.recipe, args.model, args.seed),
+             args.tokenized, args.vocab / args.recipe, args.results)
 
 
 def cmd_translate(args, params):

@@ -147,6 +147,11 @@ def check_semantics(params: dict) -> None:
                 f"params.yaml: {at_model}: tie_embeddings needs one shared vocabulary "
                 "(fix: set vocab.kind: bpe or tie_embeddings: false)"
             )
+        missing = [x for x in r["evaluate"]["testsets"] if x not in params["data"]["testsets"]]
+        if missing:
+            at = f"recipes.{name}" if "evaluate" in recipe else "evaluate"
+            raise NmtError(f"params.yaml: {at}: evaluate.testsets names {', '.join(missing)}, "
+                           "which data.testsets does not fetch (fix: add it to data.testsets)")
         if t["average_last"] > t["epochs"]:
             raise NmtError(
                 f"params.yaml: {at_train}: train.average_last {t['average_last']} exceeds "

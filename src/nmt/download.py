@@ -16,20 +16,15 @@ from nmt.files import atomic_dir
 
 log = logging.getLogger("nmt.download")
 
-SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr")
-LANGS = ("de", "en")
+SUMS = Path("workflow/multi30k.sha256")  # `sha256  <split>.<lang>.gz` lines, the pinned files
 
-# sha256 of data/task1/raw/<split>.<lang>.gz in github.com/multi30k/dataset.
-SHA256 = {
-    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
-    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
-    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
-    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
-    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
-    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
-    "test_2017_flickr.de.gz": "a2c89666db00c495cd8513b9d708d5a3acc205d7de312ef2bf5fb7ebc1540aee",
-    "test_2017_flickr.en.gz": "76a444ee25172e72695cddb13ae4a3bda59430617be88e0bb46b60504f054074",
-}
+
+def read_sums(path: Path) -> dict[str, str]:
+    """file name -> pinned sha256, from a `sha256sum` style file."""
+    if not Path(path).is_file():
+        raise NmtError(f"{path} is missing (fix: restore it from the repository)")
+    return {name: digest for digest, name in
+            (line.split() for line in Path(path).read_text().splitlines() if line.strip())}
 
 
 def sha256(path: Path) -> str:
@@ -73,31 +68,38 @@ def fetch(source: str, name: str, dest: Path, retries: int, backoff: float) -> N
     raise ConnectionError(f"{url}: {err}")
 
 
-def download(out_dir: Path, base_url: str, retries: int = 4, backoff: float = 2.0) -> None:
-    """Fetch and verify every file into a temporary folder, then rename it to out_dir."""
-    tried = sources() + [base_url]
+def fetch_any(tried: list[str], name: str, dest: Path, retries: int, backoff: float) -> str:
+    """Fetch name from the first source that has it; returns that source."""
+    failures = []
+    for source in tried:
+        try:
+            fetch(source, name, dest, retries, backoff)
+            return source
+        except (OSError, urllib.error.URLError) as e:
+            failures.append(f"{source}: {e}")
+    raise NmtError(f"could not fetch {name} ({'; '.join(failures)}) "
+                   "(fix: set MULTI30K_MIRROR to a folder holding the Multi30k raw files)")
+
+
+def download(out_dir: Path, data: dict, sums: Path = SUMS, retries: int = 4,
+             backoff: float = 2.0) -> None:
+    """Fetch and verify train, val and data.testsets in both languages into a temporary
+    folder, then rename it to out_dir."""
+    tried = sources() + [data["base_url"]]
+    pinned = read_sums(sums)
+    names = [f"{split}.{lang}.gz" for split in ("train", "val", *data["testsets"])
+             for lang in (data["source_lang"], data["target_lang"])]
+    for name in names:
+        if name not in pinned:
+            raise NmtError(f"{name} has no pinned sha256 in {sums} (fix: add its "
+                           f"`sha256sum` line there, or remove it from data.testsets)")
     with atomic_dir(out_dir) as tmp:
-        for split in SPLITS:
-            for lang in LANGS:
-                name = f"{split}.{lang}.gz"
-                dest = tmp / name
-                failures = []
-                for source in tried:
-                    try:
-                        fetch(source, name, dest, retries, backoff)
-                        break
-                    except (OSError, urllib.error.URLError) as e:
-                        failures.append(f"{source}: {e}")
-                else:
-                    raise NmtError(
-                        f"could not fetch {name} ({'; '.join(failures)}) "
-                        "(fix: set MULTI30K_MIRROR to a folder holding the Multi30k raw files)"
-                    )
-                actual = sha256(dest)
-                if actual != SHA256[name]:
-                    raise NmtError(
-                        f"{name} from {source} is corrupt: sha256 {actual}, expected "
-                        f"{SHA256[name]} (fix: replace that file with the Multi30k original)"
-                    )
-                log.info("%s ok (%d bytes, from %s)", name, dest.stat().st_size, source)
-    log.info("wrote %d verified files to %s", len(SHA256), out_dir)
+        for name in names:
+            source = fetch_any(tried, name, tmp / name, retries, backoff)
+            actual = sha256(tmp / name)
+            if actual != pinned[name]:
+                raise NmtError(f"{name} from {source} is corrupt: sha256 {actual}, expected "
+                               f"{pinned[name]} (fix: replace that file with the Multi30k "
+                               "original)")
+            log.info("%s ok (%d bytes, from %s)", name, (tmp / name).stat().st_size, source)
+    log.info("wrote %d verified files to %s", len(names), out_dir)

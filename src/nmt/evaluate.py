@@ -15,24 +15,30 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 
 from nmt.checkpoint import check_vocab, load
-from nmt.config import NmtError
+from nmt.config import NmtError, Run
 from nmt.data import Batches, load_pairs
 from nmt.files import atomic_dir, write_json
-from nmt.runtime import corpus_loss, pick_device
-from nmt.search import translate_batches
+from nmt.runtime import pick_device, token_loss
+from nmt.search import DecodeConfig, translate_batches
 from nmt.text import read_lines
-from nmt.vocab import BOS_ID, EOS_ID, load_codecs
+from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.evaluate")
-ATTENTION_TESTSET = "test_2016_flickr"
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict:
-    """Corpus BLEU and chrF of detokenized lines, with sacreBLEU's signatures."""
-    bleu, chrf = BLEU(), CHRF()
-    return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
-            "chrf": chrf.corpus_score(hypotheses, [references]).score,
-            "signature": {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}}
+    """Corpus BLEU and chrF of detokenized lines (sacreBLEU defaults: 13a, cased)."""
+    return {"bleu": BLEU().corpus_score(hypotheses, [references]).score,
+            "chrf": CHRF().corpus_score(hypotheses, [references]).score}
+
+
+def signatures() -> dict:
+    """sacreBLEU's signatures of the two metrics (one reference), as the report prints them."""
+    out = {}
+    for name, metric in (("bleu", BLEU()), ("chrf", CHRF())):
+        metric.corpus_score(["a"], [["a"]])  # the signature names the reference count
+        out[name] = str(metric.get_signature())
+    return out
 
 
 @torch.inference_mode()
@@ -49,9 +55,48 @@ def attention_example(model, src_ids: list[int], out_ids: list[int], src_codec,
             "weights": [[round(w, 4) for w in row] for row in weights.cpu().tolist()]}
 
 
-def evaluate(params: dict, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) -> dict:
-    """Score run_dir/best.pt on every test set; write metrics.json and translations/."""
-    tokenized_dir, run_dir = Path(tokenized_dir), Path(run_dir)
+def score_testset(model, pairs, references: list[str], tgt_codec, ev: dict, cap: int,
+                  out: Path, testset: str) -> tuple[dict, dict, list[list[int]]]:
+    """Loss, greedy and beam scores of one test set; writes its translations and the
+    per-sentence losses (for the report's paired bootstrap). (metrics, timings, beam ids)"""
+    device = next(model.parameters()).device
+    batches = Batches(pairs, "sentences", ev["batch_size"], 0, shuffle=False)
+    losses, tokens = sentence_losses(model, batches, device)
+    loss = sum(losses) / sum(tokens)
+    (out / f"{testset}.loss.tsv").write_text(
+        "".join(f"{x!r}\t{n}\n" for x, n in zip(losses, tokens, strict=True)), "utf-8")
+    metrics, timings = {"loss": loss, "ppl": math.exp(loss)}, {"sentences": len(pairs)}
+    for method in ("greedy", "beam"):
+        start = time.perf_counter()
+        ids = translate_batches(model, pairs, DecodeConfig.from_params(ev, method, cap),
+                                desc=f"{testset} {method}")
+        timings[f"seconds_{method}"] = round(time.perf_counter() - start, 3)
+        hypotheses = [tgt_codec.decode(h) for h in ids]
+        (out / f"{testset}.{method}.txt").write_text(
+            "".join(h + "\n" for h in hypotheses), "utf-8")
+        s = score(hypotheses, references)
+        suffix = "" if method == "beam" else "_greedy"
+        metrics |= {f"bleu{suffix}": s["bleu"], f"chrf{suffix}": s["chrf"]}
+    return metrics, timings, ids
+
+
+@torch.inference_mode()
+def sentence_losses(model, batches, device) -> tuple[list[float], list[int]]:
+    """Summed cross-entropy (nats) and target tokens of every sentence, in order."""
+    model.eval()
+    losses, tokens = [], []
+    for src, tgt in batches:
+        loss, _ = token_loss(model, src, tgt, device, reduction="none")  # (B,)
+        losses += loss.double().cpu().tolist()
+        tokens += (tgt[:, 1:] != PAD_ID).sum(dim=1).tolist()
+    return losses, tokens
+
+
+def evaluate(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path,
+             results: Path) -> dict:
+    """Score the run's best.pt on every test set; write metrics.json (numbers people compare),
+    evaluation.json (what produced them), translations/ and attention.json."""
+    tokenized_dir, run_dir = Path(tokenized_dir), run.dir(results)
     ev, tgt_lang = params["evaluate"], params["data"]["target_lang"]
     device = pick_device(params["train"]["device"])
     model, ckpt = load(run_dir / "best.pt", device)
@@ -61,10 +106,8 @@ def evaluate(params: dict, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) 
     n_params = sum(p.numel() for p in model.parameters())
     log.info("read %s: %s model of recipe %s, %d parameters, on %s", run_dir / "best.pt",
              ckpt["model"], ckpt["recipe"], n_params, device)
-    decode = dict(beam_size=ev["beam_size"], length_penalty=ev["length_penalty"],
-                  max_len_a=ev["max_len_a"], max_len_b=ev["max_len_b"], cap=max_len - 1)
 
-    results, signature, attention = {}, {}, None
+    metrics, timings, attention = {}, {}, None
     with atomic_dir(run_dir / "translations") as out:
         for testset in ev["testsets"]:
             pairs = load_pairs(tokenized_dir, testset, src_codec, tgt_codec, max_len)
@@ -74,36 +117,20 @@ def evaluate(params: dict, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) 
                 raise NmtError(f"{ref_path}: {len(references)} references for {len(pairs)} "
                                "sources (fix: re-run `nmt tokenize`)")
             log.info("read %s: %d sentences", testset, len(pairs))
-            batches = Batches(pairs, "sentences", ev["batch_size"], 0, shuffle=False)
-            loss = corpus_loss(model, batches, device)
-            row = {"loss": loss, "ppl": math.exp(loss)}
-            for method in ("greedy", "beam"):
-                start = time.perf_counter()
-                ids = translate_batches(model, pairs, ev["batch_size"], method,
-                                        desc=f"{testset} {method}", **decode)
-                seconds = time.perf_counter() - start
-                hypotheses = [tgt_codec.decode(h) for h in ids]
-                (out / f"{testset}.{method}.txt").write_text(
-                    "".join(h + "\n" for h in hypotheses), "utf-8")
-                s = score(hypotheses, references)
-                suffix = "" if method == "beam" else "_greedy"
-                row |= {f"bleu{suffix}": s["bleu"], f"chrf{suffix}": s["chrf"],
-                        f"seconds_{method}": seconds}
-                signature = s["signature"]
-            if testset == ATTENTION_TESTSET:  # the report draws this sentence's attention
+            m, timings[testset], ids = score_testset(model, pairs, references, tgt_codec, ev,
+                                                     max_len - 1, out, testset)
+            metrics[testset] = m
+            if testset == ev["testsets"][0]:  # the report draws this sentence's attention
                 i = min(ev["attention_example"], len(pairs) - 1)
                 attention = attention_example(model, pairs[i][0], ids[i], src_codec, tgt_codec)
-            row["sentences"] = len(pairs)
-            results[testset] = row
-            log.info("%s: loss %.4f, ppl %.2f, BLEU %.2f (greedy %.2f), chrF %.2f, "
-                     "%.1f sent/s beam", testset, loss, row["ppl"], row["bleu"],
-                     row["bleu_greedy"], row["chrf"], len(pairs) / row["seconds_beam"])
+            log.info("%s: loss %.4f, ppl %.2f, BLEU %.2f (greedy %.2f), chrF %.2f", testset,
+                     m["loss"], m["ppl"], m["bleu"], m["bleu_greedy"], m["chrf"])
     log.info("wrote %s", run_dir / "translations")
 
-    if attention is not None:
-        write_json(run_dir / "attention.json", attention)
-    metrics = {"run": run_dir.name, "recipe": ckpt["recipe"], "model": ckpt["model"],
-               "params": n_params, "testsets": results, "signature": signature}
+    write_json(run_dir / "attention.json", attention)
+    write_json(run_dir / "evaluation.json", {
+        "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
+        "params": n_params, "signature": signatures(), "testsets": timings})
     write_json(run_dir / "metrics.json", metrics)
-    log.info("wrote %s", run_dir / "metrics.json")
+    log.info("wrote %s and evaluation.json", run_dir / "metrics.json")
     return metrics

@@ -14,6 +14,7 @@ Rules both searches share, so that beam_size=1 gives exactly the greedy output:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -124,33 +125,50 @@ def beam_search(model, src: torch.Tensor, beam_size: int, length_penalty: float,
     return _strip(fin_tokens[batch, best])
 
 
-def translate_batches(model, sources, batch_size: int, method: str = "greedy", *,
-                      beam_size: int = 5, length_penalty: float = 0.6, max_len_a: float = 1.2,
-                      max_len_b: int = 10, cap: int | None = None, desc: str = "",
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How to decode: params.yaml's `evaluate:` decoding keys, plus the model's length cap."""
+
+    method: str = "beam"  # greedy | beam
+    beam_size: int = 5
+    length_penalty: float = 0.6
+    max_len_a: float = 1.2  # longest output: a * source tokens + b ...
+    max_len_b: int = 10
+    cap: int | None = None  # ... and at most cap (the model's max_len - 1)
+    batch_size: int = 128
+
+    @classmethod
+    def from_params(cls, ev: dict, method: str, cap: int | None, **overrides) -> DecodeConfig:
+        """From an `evaluate:` section; overrides win (e.g. beam_size from the command line)."""
+        keys = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "batch_size")
+        return cls(method=method, cap=cap, **({k: ev[k] for k in keys} | overrides))
+
+
+def translate_batches(model, sources, dc: DecodeConfig, desc: str = "",
                       progress: bool = True) -> list[list[int]]:
     """Decode many sentences, batched by length; outputs come back in input order.
 
     sources: source id lists with <bos>/<eos> (or (source, target) pairs, whose source is used).
-    cap: the longest output allowed, for the model's positional table (model max_len - 1).
     """
-    if method not in ("greedy", "beam"):
-        raise ValueError(f"unknown search method {method!r}; use 'greedy' or 'beam'")
+    if dc.method not in ("greedy", "beam"):
+        raise ValueError(f"unknown search method {dc.method!r}; use 'greedy' or 'beam'")
     sources = [s[0] if isinstance(s, tuple) else s for s in sources]
     device = next(model.parameters()).device
     # Longest first: little padding per batch, and an out-of-memory error shows at once.
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     outputs: list[list[int]] = [[] for _ in sources]
-    bar = tqdm(total=len(sources), desc=desc or method, unit="sent", leave=False,
+    bar = tqdm(total=len(sources), desc=desc or dc.method, unit="sent", leave=False,
                disable=not progress)
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
+    for start in range(0, len(order), dc.batch_size):
+        idx = order[start : start + dc.batch_size]
         src = pad([sources[i] for i in idx]).to(device)
-        limits = output_limits([len(sources[i]) - 2 for i in idx], max_len_a, max_len_b, cap)
+        limits = output_limits([len(sources[i]) - 2 for i in idx], dc.max_len_a, dc.max_len_b,
+                               dc.cap)
         limits = torch.tensor(limits, device=device)
-        if method == "greedy":
+        if dc.method == "greedy":
             hyps = greedy(model, src, limits)
         else:
-            hyps = beam_search(model, src, beam_size, length_penalty, limits)
+            hyps = beam_search(model, src, dc.beam_size, dc.length_penalty, limits)
         for i, h in zip(idx, hyps, strict=True):
             outputs[i] = h
         bar.update(len(idx))

@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 
 from nmt.config import NmtError
-from nmt.download import LANGS, SPLITS
 from nmt.files import atomic_dir, write_json
 from nmt.text import tokenize_lines
 
@@ -25,18 +24,19 @@ def read_raw(raw_dir: Path, split: str, lang: str) -> list[str]:
         raise NmtError(f"{path} is unreadable ({e}) (fix: re-run `nmt download`)") from None
 
 
-def tokenize(raw_dir: Path, out_dir: Path, batch_size: int, max_train: int, max_test: int):
-    """Write <split>.<lang>.txt (raw lines) and <split>.<lang>.tok (space-joined tokens)."""
-    stats = {}
+def tokenize(raw_dir: Path, out_dir: Path, data: dict, batch_size: int):
+    """Write <split>.<lang>.txt (raw lines) and <split>.<lang>.tok (space-joined tokens) of
+    train, val and data.testsets; data.max_train_pairs / max_test_pairs cut them (0 = all)."""
+    stats, langs = {}, (data["source_lang"], data["target_lang"])
+    limits = {"train": data["max_train_pairs"], "val": 0} | {
+        t: data["max_test_pairs"] for t in data["testsets"]}
     with atomic_dir(out_dir) as tmp:
-        for split in SPLITS:
-            limit = max_train if split == "train" else max_test if split.startswith("test") else 0
-            pairs = {lang: read_raw(raw_dir, split, lang) for lang in LANGS}
-            if len(pairs["de"]) != len(pairs["en"]):
-                raise NmtError(
-                    f"{split}: {len(pairs['de'])} German vs {len(pairs['en'])} English lines "
-                    "(fix: re-run `nmt download`)"
-                )
+        for split, limit in limits.items():
+            pairs = {lang: read_raw(raw_dir, split, lang) for lang in langs}
+            counts = [len(lines) for lines in pairs.values()]
+            if counts[0] != counts[1]:
+                raise NmtError(f"{split}: {counts[0]} {langs[0]} vs {counts[1]} {langs[1]} "
+                               "lines (fix: re-run `nmt download`)")
             for lang, lines in pairs.items():
                 lines = lines[:limit] if limit else lines
                 tokens = tokenize_lines(lines, lang, batch_size, desc=f"{split}.{lang}")

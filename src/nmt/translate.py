@@ -9,7 +9,7 @@ from pathlib import Path
 from nmt.checkpoint import check_vocab, load
 from nmt.config import NmtError, Run
 from nmt.runtime import pick_device
-from nmt.search import translate_batches
+from nmt.search import DecodeConfig, translate_batches
 from nmt.text import tokenize_lines
 from nmt.vocab import BOS_ID, EOS_ID, load_codecs
 
@@ -75,9 +75,8 @@ def translate_cli(args) -> None:
     sources = encode_lines(read_input(args), src_codec, max_len)
     todo = [s for s in sources if s is not None]
     log.info("translating %d lines with %s (beam %d)", len(todo), path, beam)
-    ids = iter(translate_batches(
-        model, todo, ev["batch_size"], "beam" if beam > 1 else "greedy", beam_size=beam,
-        length_penalty=ev["length_penalty"], max_len_a=ev["max_len_a"],
-        max_len_b=ev["max_len_b"], cap=max_len - 1, progress=False))
+    dc = DecodeConfig.from_params(ev, "beam" if beam > 1 else "greedy", max_len - 1,
+                                  beam_size=beam)
+    ids = iter(translate_batches(model, todo, dc, progress=False))
     for s in sources:
         print(tgt_codec.decode(next(ids)) if s is not None else "")
