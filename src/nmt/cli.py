@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
-from nmt.config import NmtError, Run, load_params, resolve
+import yaml
+
+from nmt.config import NmtError, Run, Tracked, load_params, resolve
 
 RAW, TOKENIZED, VOCAB, RESULTS, REPORTS = (
     Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"))
+MODEL_CHOICES = ("baseline", "scratch", "decoder_only")
+TORCH_STAGES = {"verify", "train", "evaluate", "bench", "translate"}
+DEFAULT_THREADS = 8  # the `threads:` that workflow/stages.yaml declares for the torch stages
 
 
 def cmd_download(args, params):
@@ -75,6 +81,30 @@ def cmd_bench(args, params):
     bench(args, params)
 
 
+def cmd_config(args, params):
+    from nmt.files import write_text
+
+    # Written only when its content changes: an unchanged recipe keeps its bytes and mtime.
+    text = yaml.safe_dump(resolve(params, args.recipe).plain() if isinstance(
+        params, Tracked) else resolve(params, args.recipe), sort_keys=True)
+    out = args.out or RESULTS / "config" / f"{args.recipe}.yaml"
+    if not out.is_file() or out.read_text() != text:
+        write_text(out, text)
+
+
+def cmd_stages(args, params):
+    from nmt.stages import render_dvc
+
+    text = render_dvc(args.declaration)
+    if args.check:
+        if Path("dvc.yaml").read_text() != text:
+            raise NmtError("dvc.yaml differs from workflow/stages.yaml (fix: nmt stages --write)")
+    elif args.write:
+        Path("dvc.yaml").write_text(text)
+    else:
+        print(text, end="")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nmt", description=__doc__)
     p.add_argument("--params", type=Path, default=Path("params.yaml"),
@@ -82,97 +112,124 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     sub = p.add_subparsers(dest="stage", required=True, metavar="<stage>")
 
-    def stage(name, func, help_):
-        s = sub.add_parser(name, help=help_, description=help_)
+    # Options several stages share, declared once.
+    recipe = argparse.ArgumentParser(add_help=False)
+    recipe.add_argument("--recipe", default="published", help="a recipe of params.yaml")
+    data = argparse.ArgumentParser(add_help=False)
+    data.add_argument("--tokenized", type=Path, default=TOKENIZED)
+    data.add_argument("--vocab", type=Path, default=VOCAB, help="holds <recipe>/")
+    results = argparse.ArgumentParser(add_help=False)
+    results.add_argument("--results", type=Path, default=RESULTS)
+    run = argparse.ArgumentParser(add_help=False, parents=[recipe, data, results])
+    run.add_argument("--model", required=True, choices=MODEL_CHOICES)
+    run.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
+
+    def stage(name, func, help_, parents=()):
+        s = sub.add_parser(name, help=help_, description=help_, parents=list(parents))
         s.set_defaults(func=func)
         return s
 
     s = stage("download", cmd_download,
-              "Fetch the Multi30k task-1 raw files (MULTI30K_MIRROR first, then data.base_url), "
-              "verify their sha256 and write data/raw/<split>.<lang>.gz.")
+              "Fetch the Multi30k task-1 raw files of train, val and data.testsets "
+              "(MULTI30K_MIRROR first, then data.base_url), verify their sha256 against "
+              "workflow/multi30k.sha256 and write data/raw/<split>.<lang>.gz.")
     s.add_argument("--out", type=Path, default=RAW)
 
     s = stage("tokenize", cmd_tokenize,
-              "Read data/raw, tokenize with spaCy's rule-based de/en tokenizers and write "
+              "Read data/raw, tokenize with spaCy's rule-based tokenizers and write "
               "data/tokenized/<split>.<lang>.{txt,tok} and stats.json.")
     s.add_argument("--raw", type=Path, default=RAW)
     s.add_argument("--out", type=Path, default=TOKENIZED)
 
+    s = stage("config", cmd_config,
+              "Resolve one recipe (the top-level sections with its overrides merged over "
+              "them) and write results/config/<recipe>.yaml, whose keys the later stages "
+              "declare as parameters.", [recipe])
+    s.add_argument("--out", type=Path, default=None, help="default: results/config/<recipe>.yaml")
+
     s = stage("vocab", cmd_vocab,
               "Read data/tokenized (train split only) and write one recipe's vocabulary to "
-              "data/vocab/<recipe>/ (word: src.json, tgt.json; bpe: spm.model) with meta.json.")
-    s.add_argument("--recipe", default="published")
+              "data/vocab/<recipe>/ (word: src.json, tgt.json; bpe: spm.model) with meta.json.",
+              [recipe])
     s.add_argument("--tokenized", type=Path, default=TOKENIZED)
     s.add_argument("--out", type=Path, default=None, help="default: data/vocab/<recipe>")
 
     s = stage("verify", cmd_verify,
               "Read data/tokenized and data/vocab/<recipe>, prove the scratch model computes what "
               "torch.nn.Transformer computes at the recipe's size, write "
-              "results/verify/<recipe>.json; exit 1 if a check fails.")
-    s.add_argument("--recipe", default="published")
-    s.add_argument("--tokenized", type=Path, default=TOKENIZED)
-    s.add_argument("--vocab", type=Path, default=VOCAB)
+              "results/verify/<recipe>.json; exit 1 if a check fails.", [recipe, data])
     s.add_argument("--out", type=Path, default=None, help="default: results/verify/<recipe>.json")
 
-    for name, func, help_ in (
-        ("train", cmd_train,
-         "Read data/tokenized and data/vocab/<recipe>, train one model and write "
-         "results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv, train.json."),
-        ("evaluate", cmd_evaluate,
-         "Read results/<recipe>-<model>-s<seed>/best.pt and the test sets, write metrics.json "
-         "(loss, perplexity, BLEU greedy and beam, chrF), translations/ and attention.json (one "
-         "sentence's attention weights) to the same folder."),
-    ):
-        s = stage(name, func, help_)
-        s.add_argument("--recipe", default="published")
-        s.add_argument("--model", required=True, choices=["baseline", "scratch"])
-        s.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
-        s.add_argument("--tokenized", type=Path, default=TOKENIZED)
-        s.add_argument("--vocab", type=Path, default=VOCAB)
-        s.add_argument("--results", type=Path, default=RESULTS)
+    stage("train", cmd_train,
+          "Read data/tokenized and data/vocab/<recipe>, train one model and write "
+          "results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv, train.json.", [run])
+    stage("evaluate", cmd_evaluate,
+          "Read results/<recipe>-<model>-s<seed>/best.pt and the test sets, write metrics.json "
+          "(loss, perplexity, BLEU greedy and beam, chrF), evaluation.json, translations/ and "
+          "attention.json (one sentence's attention weights) to the same folder.", [run])
 
     s = stage("translate", cmd_translate,
               "Translate German sentences given as arguments, in --file, or on standard input, "
-              "with a trained run's checkpoint; prints one English line per input line.")
+              "with a trained run's checkpoint; prints one English line per input line.",
+              [results])
     s.add_argument("sentences", nargs="*")
     s.add_argument("--run", default="published-scratch-s0",
                    help="results/<run> to load (default: published-scratch-s0)")
     s.add_argument("--checkpoint", type=Path, default=None, help="a .pt file instead of --run")
     s.add_argument("--file", type=Path, default=None)
-    s.add_argument("--results", type=Path, default=RESULTS)
     s.add_argument("--vocab", type=Path, default=VOCAB)
     s.add_argument("--beam", type=int, default=None, help="beam size (default: from params)")
     s.add_argument("--device", default="auto")
 
     s = stage("report", cmd_report,
               "Read results/ and data/, write reports/report.md, reports/results.csv and "
-              "figures.")
-    s.add_argument("--tokenized", type=Path, default=TOKENIZED)
-    s.add_argument("--vocab", type=Path, default=VOCAB)
-    s.add_argument("--results", type=Path, default=RESULTS)
+              "figures.", [data, results])
     s.add_argument("--out", type=Path, default=REPORTS)
 
     s = stage("bench", cmd_bench,
               "Train both models for a fixed number of steps on the same real batches, then "
-              "decode the same sentences greedily and with beam search; print a speed table.")
+              "decode the same sentences greedily and with beam search; print a speed table.",
+              [data])
     s.add_argument("--recipe", default=None, help="default: bench.recipe from params")
-    s.add_argument("--tokenized", type=Path, default=TOKENIZED)
-    s.add_argument("--vocab", type=Path, default=VOCAB)
     s.add_argument("--device", default="auto")
     # Defaults come from params.yaml's bench: section.
     s.add_argument("--steps", type=int, default=None, help="timed training steps a repeat")
     s.add_argument("--repeats", type=int, default=None, help="the median of this many is shown")
     s.add_argument("--sentences", type=int, default=None, help="test sentences to decode")
     s.add_argument("--json", type=Path, default=None, help="also write the figures here")
+
+    s = stage("stages", cmd_stages,
+              "Render dvc.yaml from workflow/stages.yaml, the one declaration of every stage "
+              "(Snakemake reads that file directly): print it, --write it, or --check it.")
+    s.add_argument("--declaration", type=Path, default=Path("workflow/stages.yaml"))
+    s.add_argument("--write", action="store_true")
+    s.add_argument("--check", action="store_true")
     return p
+
+
+def set_threads() -> None:
+    """The same torch thread count under DVC and Snakemake: OMP_NUM_THREADS when set (Snakemake
+    sets it to a rule's threads), else the declared default, so both give the same numbers."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or default_threads()))
+
+
+def default_threads() -> int:
+    return min(DEFAULT_THREADS, os.cpu_count() or 1)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
+    reads = set()
     try:
         params = load_params(args.params)
+        if os.environ.get("NMT_TRACK_READS"):  # tests: which keys and modules a stage uses
+            params = Tracked(params, reads)
+        if args.stage in TORCH_STAGES:
+            set_threads()
         return args.func(args, params) or 0
     except NmtError as e:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
@@ -180,3 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"nmt {args.stage}: interrupted; no half-written output was kept", file=sys.stderr)
         return 130
+    finally:
+        if os.environ.get("NMT_TRACK_READS"):
+            record_reads(Path(os.environ["NMT_TRACK_READS"]), args.stage, reads)
+
+
+def record_reads(path: Path, stage: str, reads: set) -> None:
+    """Append {stage, params, recipe_params, modules} as one JSON line (tests only)."""
+    import json
+
+    modules = sorted(m for m in sys.modules if m == "nmt" or m.startswith("nmt."))
+    line = {"stage": stage, "modules": modules,
+            "params": sorted(k for ns, k in reads if ns == "params"),
+            "recipe_params": sorted(k for ns, k in reads if ns == "recipe")}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")

@@ -190,13 +190,24 @@ def _merge(base: dict, override: dict) -> dict:
 
 def resolve(params: dict, recipe: str) -> dict[str, Any]:
     """The sections of one recipe: the top level with recipes.<recipe> merged over it."""
+    if isinstance(params, Tracked):  # resolving reads nothing; the recipe's keys are tracked
+        return Tracked(resolve(params.plain(), recipe), params.reads, ns="recipe")
     if recipe not in params["recipes"]:
         known = ", ".join(params["recipes"])
         raise NmtError(f"unknown recipe {recipe!r} (fix: use one of: {known})")
     resolved = {k: copy.deepcopy(v) for k, v in params.items()
                 if k not in ("recipes", "pipeline", "bench")}
-    overrides = {k: v for k, v in params["recipes"][recipe].items() if k in RECIPE_SECTIONS}
-    return _merge(resolved, overrides)
+    return _merge(resolved, overrides(params, recipe))
+
+
+def overrides(params: dict, recipe: str, seen: tuple = ()) -> dict:
+    """What a recipe changes: its ablation_of recipe's overrides, then its own sections."""
+    if recipe in seen:
+        raise NmtError(f"params.yaml: recipes.{recipe}: ablation_of goes round in a circle "
+                       f"({' -> '.join(seen + (recipe,))}) (fix: point it at a full recipe)")
+    r = params["recipes"][recipe]
+    base = overrides(params, r["ablation_of"], seen + (recipe,)) if "ablation_of" in r else {}
+    return _merge(base, {k: v for k, v in r.items() if k in RECIPE_SECTIONS})
 
 
 @dataclass(frozen=True)
@@ -229,3 +240,39 @@ def runs(params: dict) -> list[Run]:
     """Every run the pipeline makes: pipeline.recipes x pipeline.models x pipeline.seeds."""
     p = params["pipeline"]
     return [Run(r, m, s) for r in p["recipes"] for m in p["models"] for s in p["seeds"]]
+
+
+class Tracked(dict):
+    """A params mapping that records the path of every value read from it (a test proves
+    each stage declares what it reads). Sub-sections come back tracked too; `ns` names the
+    file the keys belong to: params.yaml (`params`) or a resolved recipe (`recipe`)."""
+
+    def __init__(self, data: dict, reads: set, ns: str = "params", prefix: str = ""):
+        super().__init__(data)
+        self.reads, self.ns, self.prefix = reads, ns, prefix
+
+    def _wrap(self, key, value):
+        path = f"{self.prefix}{key}"
+        if isinstance(value, dict):
+            return Tracked(value, self.reads, self.ns, path + ".")
+        self.reads.add((self.ns, path))
+        return value
+
+    def __getitem__(self, key):
+        return self._wrap(key, super().__getitem__(key))
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def __iter__(self):  # iteration goes through here: {**t}, dict(t) and json see reads
+        return iter(list(super().keys()))
+
+    def items(self):
+        return [(k, self[k]) for k in super().keys()]
+
+    def values(self):
+        return [self[k] for k in super().keys()]
+
+    def plain(self) -> dict:
+        """The data without recording reads."""
+        return copy.deepcopy(dict(super().items()))

@@ -1,0 +1,97 @@
+"""The stage contract: workflow/stages.yaml, the one declaration of every stage, read here.
+
+`render_dvc` writes dvc.yaml from it; workflow/Snakefile builds its rules from `load`; the
+tests compare what each stage really reads and runs against it (see the file's header).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+DECLARATION = Path("workflow/stages.yaml")
+CODE = "src/nmt"
+DIMENSIONS = ("recipe", "model", "seed")
+
+
+@dataclass
+class Stage:
+    """One stage as declared; paths and cmd hold {recipe}, {model}, {seed}, {bench}."""
+
+    name: str
+    cmd: str
+    per: list = field(default_factory=list)
+    code: list = field(default_factory=list)
+    params: list = field(default_factory=list)
+    recipe_params: list = field(default_factory=list)
+    bench_params: list = field(default_factory=list)
+    deps: list = field(default_factory=list)
+    outs: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)
+    plots: list = field(default_factory=list)
+    threads: int = 1
+    gpu: int = 0
+    cache: bool = True
+    report: dict = field(default_factory=dict)  # output -> Snakemake --report category
+
+    def code_paths(self) -> list[str]:
+        """The modules it runs as repository paths (a folder for a package like models)."""
+        return [f"{CODE}/{c}" for c in self.code]
+
+
+def load(path: Path = DECLARATION) -> dict[str, Stage]:
+    spec = yaml.safe_load(Path(path).read_text())
+    shared = spec.get("shared_code", [])
+    stages = {}
+    for name, s in spec["stages"].items():
+        stages[name] = Stage(name=name, **{**s, "code": shared + s.get("code", [])})
+    return stages
+
+
+def is_dir(path: str) -> bool:
+    """Outputs without a file suffix are folders (data/raw, translations, figures)."""
+    return "." not in Path(path).name
+
+
+def dvc_text(text: str) -> str:
+    """{recipe} -> ${item.recipe}, {bench} -> ${bench.recipe}: DVC's templating."""
+    for d in DIMENSIONS:
+        text = text.replace("{" + d + "}", "${item." + d + "}")
+    return text.replace("{bench}", "${bench.recipe}")
+
+
+def dvc_stage(s: Stage) -> dict:
+    """One stage of dvc.yaml."""
+    out: dict = {}
+    if s.per:
+        out["matrix"] = {d: f"${{pipeline.{d}s}}" for d in s.per}
+    out["cmd"] = dvc_text(s.cmd)
+    out["deps"] = s.code_paths() + [dvc_text(d) for d in s.deps]
+    params = [{"params.yaml": None} if k == "params.yaml" else k for k in s.params]
+    if s.recipe_params:
+        params.append({dvc_text("params/{recipe}.yaml"): s.recipe_params})
+    if s.bench_params:
+        params.append({dvc_text("params/{bench}.yaml"): s.bench_params})
+    if params:
+        out["params"] = params
+    opts = {} if s.cache else {"cache": False}
+    out["outs"] = [{dvc_text(o): opts} if opts else dvc_text(o) for o in s.outs]
+    if s.metrics:
+        out["metrics"] = [{dvc_text(m): opts} if opts else dvc_text(m) for m in s.metrics]
+    if s.plots:
+        out["plots"] = [{dvc_text(p): {"x": "epoch", "y": "valid_loss"}} for p in s.plots]
+    return out
+
+
+HEADER = """\
+# GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
+# Snakemake (workflow/Snakefile) builds its rules from the same declaration.
+"""
+
+
+def render_dvc(path: Path = DECLARATION) -> str:
+    stages = {name: dvc_stage(s) for name, s in load(path).items()}
+    body = yaml.safe_dump({"stages": stages}, sort_keys=False, width=100)
+    return HEADER + body
