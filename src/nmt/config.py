@@ -80,6 +80,25 @@ def _key(path) -> str:
     return ".".join(str(p) for p in path) or "(top level)"
 
 
+def _yaml_number(value, integer: bool) -> str | None:
+    """`value`, a string that float() reads, written so that YAML reads that number; else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        x = float(value)
+    except ValueError:
+        return None
+    if integer:
+        text = str(int(x)) if x.is_integer() else ""  # inf and nan are not integers
+    else:
+        # YAML 1.1 (PyYAML) reads exponent form as a float only with a dot and a signed exponent.
+        mantissa, e, exponent = value.strip().lower().partition("e")
+        text = (f"{mantissa if '.' in mantissa else mantissa + '.0'}e"
+                f"{exponent if exponent[:1] in ('+', '-') else '+' + exponent}"
+                if e else value.strip())
+    return text if text and yaml.safe_load(text) == x else None  # nan never round-trips
+
+
 def schema_error_line(err: jsonschema.ValidationError) -> str:
     """Turn a jsonschema error into one line that names the key and the fix."""
     where = _key(err.absolute_path)
@@ -93,6 +112,15 @@ def schema_error_line(err: jsonschema.ValidationError) -> str:
     if err.validator == "enum":
         choices = ", ".join(map(repr, err.validator_value))
         return f"{where}: {err.instance!r} is not allowed (fix: use one of {choices})"
+    wanted = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+    number = (_yaml_number(err.instance, integer="number" not in wanted)
+              if err.validator == "type" and {"number", "integer"} & set(wanted) else None)
+    if number is not None and "e" not in err.instance.lower():
+        return f"{where}: {err.instance!r} is a string (fix: write {number} without quotes)"
+    if number is not None:  # the YAML 1.1 gotcha: lr: 1e-4 is the string '1e-4'
+        why = ("YAML reads exponent form as a number only with a dot and a signed exponent, "
+               "like 1.0e-4" if "." in number else "this key takes a whole number")
+        return f"{where}: {err.instance!r} is a string to YAML (fix: write {number}: {why})"
     return f"{where}: {err.message} (fix: see workflow/schemas/params.schema.yaml)"
 
 

@@ -18,13 +18,16 @@ def tokenizer(lang: str):
     return spacy.blank(lang)
 
 
-def tokenize_lines(lines: list[str], lang: str, batch_size: int = 1000, desc: str = "") -> list:
+def tokenize_lines(lines: list[str], lang: str, batch_size: int = 1000, desc: str = "",
+                   progress: bool = True) -> list:
+    """spaCy tokens of each line; a progress bar on stderr unless progress=False."""
     nlp = tokenizer(lang)
     docs = nlp.pipe(lines, batch_size=batch_size)
     # Whitespace-only tokens (from doubled spaces) carry nothing to translate.
     return [
         [t.text for t in doc if not t.is_space]
-        for doc in tqdm(docs, total=len(lines), desc=desc, unit="sent", leave=False)
+        for doc in tqdm(docs, total=len(lines), desc=desc, unit="sent", leave=False,
+                        disable=not progress)
     ]
 
 

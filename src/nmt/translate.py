@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import logging
 import sys
 from pathlib import Path
@@ -17,17 +18,56 @@ log = logging.getLogger("nmt.translate")
 
 
 def read_input(args) -> list[str]:
-    """Sentences from the arguments, else --file, else standard input; one per line."""
+    """Sentences from the arguments, else --file, else standard input; one per line, UTF-8."""
     if args.sentences:
-        return list(args.sentences)
+        return decode_lines([utf8_bytes(s) for s in args.sentences], "arguments")
     if args.file is not None:
         if not args.file.is_file():
             raise NmtError(f"{args.file} not found (fix: give a text file, one sentence a line)")
-        return args.file.read_text("utf-8").splitlines()
-    return sys.stdin.read().splitlines()
+        return decode_lines(split_text(args.file.read_bytes(), args.file), str(args.file))
+    if sys.stdin.isatty():
+        log.info("reading sentences from standard input, one a line (end with Ctrl-D)")
+    stdin = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else utf8_bytes(
+        sys.stdin.read())
+    return decode_lines(split_text(stdin, "standard input"), "standard input")
 
 
-def checkpoint_path(args) -> Path:
+def utf8_bytes(text: str) -> bytes:
+    """The bytes behind a str from argv or a text stream: undecodable bytes arrive as
+    surrogate escapes, which surrogateescape turns back into those bytes."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that is no escape: keep it undecodable
+        return text.encode("utf-8", "surrogatepass")
+
+
+def split_text(data: bytes, source) -> list[bytes]:
+    """A text's lines (ended by LF, CRLF or CR; a UTF-8 BOM dropped); binary and UTF-16 refused."""
+    if b"\0" in data or data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise NmtError(f"{source} is binary or UTF-16, not UTF-8 text (fix: give UTF-8 text, "
+                       "one sentence a line; convert with iconv -t UTF-8)")
+    return data.removeprefix(codecs.BOM_UTF8).splitlines()
+
+
+def decode_lines(lines: list[bytes], source: str) -> list[str]:
+    """UTF-8 lines; bytes that are not UTF-8 become U+FFFD, with one warning naming the lines,
+    so every input line still gets its output line."""
+    bad = []
+    for n, line in enumerate(lines, 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(n)
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if bad[5:] else "")
+        log.warning("%s: %s not UTF-8; undecodable bytes replaced with U+FFFD", source,
+                    f"line {shown} is" if len(bad) == 1 else f"lines {shown} are")
+    return [line.decode("utf-8", "replace") for line in lines]
+
+
+def checkpoint_path(args) -> tuple[Path, Run | None]:
+    """The checkpoint to load, and the run it must hold (None for an explicit --checkpoint)."""
+    run = None
     if args.checkpoint is not None:
         path = args.checkpoint
         hint = "pass the .pt file of a trained run, e.g. results/published-scratch-s0/best.pt"
@@ -38,7 +78,7 @@ def checkpoint_path(args) -> Path:
                 f"{run.seed}`, or choose another run with --run")
     if not path.is_file():
         raise NmtError(f"{path} not found (fix: {hint})")
-    return path
+    return path, run
 
 
 def encode_lines(lines: list[str], src_codec, max_len: int) -> list[list[int] | None]:
@@ -47,7 +87,7 @@ def encode_lines(lines: list[str], src_codec, max_len: int) -> list[list[int] | 
     nonempty = [t for t in texts if t]
     # Word vocabularies hold spaCy tokens; SentencePiece reads raw text.
     if src_codec.kind == "word":
-        nonempty = tokenize_lines(nonempty, src_codec.lang)
+        nonempty = tokenize_lines(nonempty, src_codec.lang, progress=False)
     encoded = iter(src_codec.encode(x) for x in nonempty)
     out = []
     for n, text in enumerate(texts, 1):
@@ -61,8 +101,8 @@ def encode_lines(lines: list[str], src_codec, max_len: int) -> list[list[int] | 
 
 
 def translate_cli(args) -> None:
-    path = checkpoint_path(args)
-    model, ckpt = load(path, pick_device(args.device))
+    path, run = checkpoint_path(args)
+    model, ckpt = load(path, pick_device(args.device), expect=run)
     vocab_dir = Path(args.vocab) / ckpt["recipe"]
     src_codec, tgt_codec = load_codecs(vocab_dir)
     check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)
