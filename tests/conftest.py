@@ -71,3 +71,24 @@ def prepared(tmp_path_factory, mirror) -> dict:
     return {"root": root, "raw": root / "raw", "tokenized": root / "tokenized",
             "word": root / "vocab" / "word", "bpe": root / "vocab" / "bpe",
             "word_meta": word, "bpe_meta": bpe}
+
+
+@pytest.fixture(scope="session")
+def dvc_run(tmp_path_factory, mirror) -> Path:
+    """A tiny copy of the repository after one whole `dvc repro`, every stage recording the
+    params keys and modules it used in reads.jsonl."""
+    from tiny import run, scratch_copy
+
+    root = scratch_copy(tmp_path_factory.mktemp("dvc"))
+    run(["dvc", "repro"], root, env={"NMT_TRACK_READS": str(root / "reads.jsonl")})
+    return root
+
+
+@pytest.fixture(scope="session")
+def snakemake_run(tmp_path_factory, mirror) -> Path:
+    """The same tiny copy after one whole `snakemake --cores 2`, reads recorded likewise."""
+    from tiny import run, scratch_copy
+
+    root = scratch_copy(tmp_path_factory.mktemp("snakemake"))
+    run(["snakemake", "--cores", "2"], root, env={"NMT_TRACK_READS": str(root / "reads.jsonl")})
+    return root

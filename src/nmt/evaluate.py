@@ -99,7 +99,7 @@ def evaluate(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path,
     tokenized_dir, run_dir = Path(tokenized_dir), run.dir(results)
     ev, tgt_lang = params["evaluate"], params["data"]["target_lang"]
     device = pick_device(params["train"]["device"])
-    model, ckpt = load(run_dir / "best.pt", device)
+    model, ckpt = load(run_dir / "best.pt", device, expect=run)
     src_codec, tgt_codec = load_codecs(vocab_dir)
     check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)
     max_len = ckpt["model_config"]["max_len"]
