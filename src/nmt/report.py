@@ -22,7 +22,7 @@ import yaml  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from nmt import stats  # noqa: E402
-from nmt.config import NmtError, Run, resolve  # noqa: E402
+from nmt.config import NmtError, Run, resolve, runs  # noqa: E402
 from nmt.files import atomic_dir, atomic_path, read_json, write_json, write_text  # noqa: E402
 from nmt.text import read_lines  # noqa: E402
 
@@ -106,23 +106,22 @@ def read_losses(path: Path) -> tuple[list[float], list[int]]:
 
 def collect(params: dict, results: Path) -> tuple[pd.DataFrame, dict]:
     """The per-seed results table and each run's train.json, evaluation.json and history."""
-    rows, runs = [], {}
-    p = params["pipeline"]
-    for run in (Run(r, m, s) for r in p["recipes"] for m in p["models"] for s in p["seeds"]):
+    rows, found = [], {}
+    for run in runs(params):  # pipeline.recipes x models x seeds
         folder = run.dir(results)
         metrics = read_json(need(folder / "metrics.json"))
-        runs[run] = {"train": read_json(need(folder / "train.json")),
-                     "evaluation": read_json(need(folder / "evaluation.json")),
-                     "history": pd.read_csv(need(folder / "history.csv"))}
+        found[run] = {"train": read_json(need(folder / "train.json")),
+                      "evaluation": read_json(need(folder / "evaluation.json")),
+                      "history": pd.read_csv(need(folder / "history.csv"))}
         for testset in params["evaluate"]["testsets"]:
             if testset not in metrics:
                 raise NmtError(f"{folder / 'metrics.json'} has no {testset} "
                                "(fix: re-run `nmt evaluate` with the current params.yaml)")
             rows.append({"recipe": run.recipe, "model": run.model, "testset": testset,
                          "seed": run.seed, **{m: metrics[testset][m] for m in METRICS},
-                         "params": runs[run]["evaluation"]["params"],
-                         "seconds_per_epoch": runs[run]["train"]["seconds_per_epoch"]})
-    return pd.DataFrame(rows, columns=COLUMNS), runs
+                         "params": found[run]["evaluation"]["params"],
+                         "seconds_per_epoch": found[run]["train"]["seconds_per_epoch"]})
+    return pd.DataFrame(rows, columns=COLUMNS), found
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
