@@ -1,19 +1,28 @@
-"""Stage report: reports/report.md, results.csv, metrics.json and figures from results/."""
+"""Stage report: reports/report.md, results.csv, results_summary.csv, metrics.json,
+statistics.json and figures/ from the small files the runs left in results/.
+
+One builder function a report section, each returning markdown lines; `report` loads the
+inputs once, draws the figures and joins the sections. Nothing here reads a checkpoint, so
+results produced on another machine can be reported here.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from nmt.config import NmtError, Run, resolve  # noqa: E402
+from nmt import stats  # noqa: E402
+from nmt.config import NmtError, Run, resolve, runs  # noqa: E402
 from nmt.files import atomic_dir, atomic_path, read_json, write_json, write_text  # noqa: E402
 from nmt.text import read_lines  # noqa: E402
 
@@ -22,8 +31,54 @@ log = logging.getLogger("nmt.report")
 # The published comparison this project reproduces (test loss after 15 epochs, its GPU).
 PUBLISHED = {"baseline": {"loss": 2.0176, "seconds_per_epoch": "52-53"},
              "scratch": {"loss": 2.0239, "seconds_per_epoch": "55-56"}}
-COLUMNS = ["recipe", "model", "testset", "loss", "ppl", "bleu", "bleu_greedy", "chrf", "params",
-           "seconds_per_epoch"]
+METRICS = ["loss", "ppl", "bleu", "bleu_greedy", "chrf", "chrf_greedy"]
+COLUMNS = ["recipe", "model", "testset", "seed", *METRICS, "params", "seconds_per_epoch"]
+LABELS = {"loss": "test loss", "ppl": "ppl", "bleu": "BLEU", "bleu_greedy": "BLEU greedy",
+          "chrf": "chrF"}
+DIGITS = {"loss": 4, "ppl": 2, "bleu": 2, "bleu_greedy": 2, "chrf": 2}
+BASELINE = "baseline"
+
+
+@dataclass
+class Inputs:
+    """What the report reads, loaded once: metrics, summaries, histories, comparisons."""
+
+    params: dict
+    tokenized: Path
+    vocab_root: Path
+    results: Path
+    table: pd.DataFrame    # one row per (recipe, model, testset, seed)
+    summary: pd.DataFrame  # one row per (recipe, model, testset): seed means, stds and n
+    runs: dict             # Run -> {"train", "evaluation", "history"}
+    comparisons: dict      # (recipe, system, testset) -> [stats.Comparison] vs the baseline
+
+    @property
+    def recipes(self) -> list[str]:
+        return self.params["pipeline"]["recipes"]
+
+    @property
+    def models(self) -> list[str]:
+        return self.params["pipeline"]["models"]
+
+    @property
+    def seeds(self) -> list[int]:
+        return self.params["pipeline"]["seeds"]
+
+    @property
+    def testsets(self) -> list[str]:
+        return self.params["evaluate"]["testsets"]
+
+    @property
+    def langs(self) -> tuple[str, str]:
+        return self.params["data"]["source_lang"], self.params["data"]["target_lang"]
+
+    def run_dir(self, recipe: str, model: str, seed: int | None = None) -> Path:
+        """A run's folder; seed None is the first seed (the one samples and tests use)."""
+        return Run(recipe, model, self.seeds[0] if seed is None else seed).dir(self.results)
+
+    def cell(self, recipe: str, model: str, testset: str) -> pd.Series:
+        s = self.summary
+        return s[(s.recipe == recipe) & (s.model == model) & (s.testset == testset)].iloc[0]
 
 
 def need(path: Path) -> Path:
@@ -32,195 +87,436 @@ def need(path: Path) -> Path:
     return path
 
 
+def challengers(models: list[str]) -> list[str]:
+    """The models compared with the baseline: every other one, when the baseline ran."""
+    return [m for m in models if m != BASELINE] if BASELINE in models else []
+
+
+def read_losses(path: Path) -> tuple[list[float], list[int]]:
+    """translations/<testset>.loss.tsv: per sentence summed loss (nats) and target tokens."""
+    rows = [line.split("\t") for line in read_lines(need(path))]
+    try:
+        return [float(r[0]) for r in rows], [int(r[1]) for r in rows]
+    except (IndexError, ValueError):
+        raise NmtError(f"{path}: expected '<loss>\\t<tokens>' lines "
+                       "(fix: re-run `nmt evaluate`)") from None
+
+
+# --- loading ---------------------------------------------------------------------------------
+
 def collect(params: dict, results: Path) -> tuple[pd.DataFrame, dict]:
-    """The tidy results table (one row per recipe, model, testset) and the runs' summaries."""
-    rows, runs = [], {}
-    for recipe in params["pipeline"]["recipes"]:
-        for model in params["pipeline"]["models"]:
-            run = Run(recipe, model, params["pipeline"]["seeds"][0]).dir(results)
-            metrics = read_json(need(run / "metrics.json"))
-            summary = read_json(need(run / "train.json"))
-            history = pd.read_csv(need(run / "history.csv"))
-            runs[run.name] = {"metrics": metrics, "train": summary, "history": history,
-                              "recipe": recipe, "model": model}
-            for testset, m in metrics["testsets"].items():
-                rows.append({"recipe": recipe, "model": model, "testset": testset,
-                             "loss": m["loss"], "ppl": m["ppl"], "bleu": m["bleu"],
-                             "bleu_greedy": m["bleu_greedy"], "chrf": m["chrf"],
-                             "params": summary["params"],
-                             "seconds_per_epoch": summary["seconds_per_epoch"]})
-    return pd.DataFrame(rows, columns=COLUMNS), runs
+    """The per-seed results table and each run's train.json, evaluation.json and history."""
+    rows, found = [], {}
+    for run in runs(params):  # pipeline.recipes x models x seeds
+        folder = run.dir(results)
+        metrics = read_json(need(folder / "metrics.json"))
+        found[run] = {"train": read_json(need(folder / "train.json")),
+                      "evaluation": read_json(need(folder / "evaluation.json")),
+                      "history": pd.read_csv(need(folder / "history.csv"))}
+        for testset in params["evaluate"]["testsets"]:
+            if testset not in metrics:
+                raise NmtError(f"{folder / 'metrics.json'} has no {testset} "
+                               "(fix: re-run `nmt evaluate` with the current params.yaml)")
+            rows.append({"recipe": run.recipe, "model": run.model, "testset": testset,
+                         "seed": run.seed, **{m: metrics[testset][m] for m in METRICS},
+                         "params": found[run]["evaluation"]["params"],
+                         "seconds_per_epoch": found[run]["train"]["seconds_per_epoch"]})
+    return pd.DataFrame(rows, columns=COLUMNS), found
 
 
-def plot_losses(runs: dict, recipes: list[str], path: Path) -> None:
-    """Train and validation loss of both models, one panel a recipe."""
-    fig, axes = plt.subplots(1, len(recipes), figsize=(6 * len(recipes), 4), squeeze=False)
-    for ax, recipe in zip(axes[0], recipes, strict=True):
-        for run in (r for r in runs.values() if r["recipe"] == recipe):
-            h = run["history"]
-            line, = ax.plot(h["epoch"], h["train_loss"], "--", label=f"{run['model']} train")
-            ax.plot(h["epoch"], h["valid_loss"], "-", color=line.get_color(),
-                    label=f"{run['model']} valid")
-        ax.set(title=f"recipe: {recipe}", xlabel="epoch", ylabel="loss per token")
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Seed aggregates: n, mean and sample std of each metric per (recipe, model, testset)."""
+    rows = stats.aggregate(table.to_dict("records"), ["recipe", "model", "testset"],
+                           [*METRICS, "params", "seconds_per_epoch"])
+    df = pd.DataFrame(rows).rename(columns={"n": "seeds"})
+    return df.drop(columns=["params_std", "seconds_per_epoch_std"])
+
+
+def compare(inp: Inputs, recipe: str, system: str, testset: str) -> list[stats.Comparison]:
+    """system vs baseline on one test set: bootstraps on the first seed's outputs, and a
+    Welch test over the seeds where each side has two or more."""
+    names = (system, BASELINE)
+    tgt = inp.langs[1]
+    refs = read_lines(need(inp.tokenized / f"{testset}.{tgt}.txt"))
+    out = [read_lines(need(inp.run_dir(recipe, m) / "translations" / f"{testset}.beam.txt"))
+           for m in names]
+    found = list(stats.paired_bootstrap(out[0], out[1], refs, names).values())
+    losses = [read_losses(inp.run_dir(recipe, m) / "translations" / f"{testset}.loss.tsv")
+              for m in names]
+    found.append(stats.loss_bootstrap(losses[0], losses[1], names))
+    t = inp.table[(inp.table.recipe == recipe) & (inp.table.testset == testset)]
+    for metric, higher in (("bleu", True), ("chrf", True), ("loss", False)):
+        c = stats.welch(t[t.model == system][metric].tolist(),
+                        t[t.model == BASELINE][metric].tolist(), LABELS[metric], names, higher)
+        found += [c] if c else []
+    return found
+
+
+def load(params: dict, tokenized: Path, vocab_root: Path, results: Path) -> Inputs:
+    table, runs = collect(params, Path(results))
+    inp = Inputs(params, Path(tokenized), Path(vocab_root), Path(results), table,
+                 summarize(table), runs, {})
+    for recipe in inp.recipes:
+        for system in challengers(inp.models):
+            for testset in inp.testsets:
+                inp.comparisons[recipe, system, testset] = compare(inp, recipe, system, testset)
+    return inp
+
+
+# --- figures ---------------------------------------------------------------------------------
+
+def plot_losses(inp: Inputs, path: Path) -> None:
+    """Train (dashed) and validation (solid) loss per epoch, one panel a recipe: each seed a
+    thin line, the mean over seeds bold, one colour a model."""
+    colors = {m: f"C{i}" for i, m in enumerate(inp.models)}
+    n = len(inp.recipes)
+    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4.2), squeeze=False)
+    for ax, recipe in zip(axes[0], inp.recipes, strict=True):
+        for model in inp.models:
+            histories = [inp.runs[Run(recipe, model, s)]["history"] for s in inp.seeds]
+            for h in histories if len(histories) > 1 else []:
+                for column, style in (("train_loss", "--"), ("valid_loss", "-")):
+                    ax.plot(h["epoch"], h[column], style, color=colors[model], lw=0.8,
+                            alpha=0.35)
+            common = min(len(h) for h in histories)  # epochs every seed reached
+            for column, style, what in (("train_loss", "--", "train"),
+                                        ("valid_loss", "-", "valid")):
+                mean = np.mean([h[column].to_numpy()[:common] for h in histories], axis=0)
+                ax.plot(histories[0]["epoch"][:common], mean, style, color=colors[model], lw=2,
+                        label=f"{model} {what}")
+        seeds = f", mean of {len(inp.seeds)} seeds (thin: each seed)" if len(inp.seeds) > 1 else ""
+        ax.set(title=f"recipe: {recipe}{seeds}", xlabel="epoch", ylabel="loss per token")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_attention(attention: dict, title: str, path: Path) -> None:
     """A heat map of one sentence's attention weights, as evaluate recorded them."""
     src, out = attention["source"], attention["output"]
-    fig, ax = plt.subplots(figsize=(0.45 * len(src) + 2, 0.45 * len(out) + 1.5))
-    ax.imshow(attention["weights"], cmap="viridis", aspect="auto", vmin=0)
-    ax.set_xticks(range(len(src)), src, rotation=90)
-    ax.set_yticks(range(len(out)), out)
-    ax.set(xlabel="source", ylabel="output", title=f"{title}: {attention['what']}")
-    fig.tight_layout()
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.38 * len(src) + 2.5),
+                                    max(3.0, 0.32 * len(out) + 2.0)))
+    image = ax.imshow(attention["weights"], cmap="viridis", aspect="auto", vmin=0)
+    ax.set_xticks(range(len(src)), src, rotation=90, fontsize=9)
+    ax.set_yticks(range(len(out)), out, fontsize=9)
+    ax.set_xlabel("source")
+    ax.set_ylabel("output")
+    ax.set_title(f"{title}\n{attention['what']}", fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+    save(fig, path)
+
+
+def save(fig, path: Path) -> None:
+    # bbox_inches="tight" grows the canvas to the rotated tick labels instead of cutting them.
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
-def ablation_section(params: dict, table: pd.DataFrame) -> list[str]:
-    """BLEU of the scratch model for a recipe and each of its ablations in the pipeline."""
-    recipes = params["recipes"]
-    ablations = [r for r in params["pipeline"]["recipes"] if "ablation_of" in recipes[r]]
-    bleu = table[table.model == "scratch"].pivot(index="recipe", columns="testset", values="bleu")
+def draw_figures(inp: Inputs, folder: Path) -> dict[str, str]:
+    """Every figure, into folder; returns {what: file name} for the sections to link."""
+    names = {"loss": "loss.png"}
+    plot_losses(inp, folder / names["loss"])
+    recipe, seed = inp.recipes[0], inp.seeds[0]
+    for model in inp.models:
+        attention = read_json(need(inp.run_dir(recipe, model) / "attention.json"))
+        names[f"attention {model}"] = f"attention_{model}.png"
+        plot_attention(attention, Run(recipe, model, seed).name, folder / f"attention_{model}.png")
+    return names
+
+
+# --- sections --------------------------------------------------------------------------------
+
+def md_table(df: pd.DataFrame, floatfmt=".2f", text: bool = False) -> str:
+    """A markdown table; text=True keeps cells as written (no re-formatting of numbers)."""
+    return df.to_markdown(index=False, floatfmt=floatfmt, disable_numparse=text)
+
+
+def shown(text: str) -> str:
+    """A model output as markdown: an empty one reads *(empty)*, not as bare emphasis marks."""
+    return text if text.strip() else "*(empty)*"
+
+
+def headline_recipe(inp: Inputs) -> str:
+    return "published" if "published" in inp.recipes else inp.recipes[0]
+
+
+def head_section(inp: Inputs) -> list[str]:
+    """The title and the answer in two sentences, with the numbers."""
+    testset, recipe = inp.testsets[0], headline_recipe(inp)
+    n = len(inp.seeds)
+    means = f"mean of {n} seeds" if n > 1 else "one seed"
+    if "scratch" in inp.models and BASELINE in inp.models:
+        s, b = inp.cell(recipe, "scratch", testset), inp.cell(recipe, BASELINE, testset)
+        # Several seeds: the test over seeds (training noise included); else the bootstrap.
+        bleu = [c for c in inp.comparisons[recipe, "scratch", testset] if c.metric == "BLEU"]
+        test = bleu[-1]
+        how = ("Welch t-test over the seeds" if kind_of(test) == "seeds"
+               else f"paired bootstrap of seed {inp.seeds[0]}'s outputs")
+        first = (f"On {testset} with the `{recipe}` recipe ({means}), the from-scratch "
+                 f"Transformer reaches test loss {s.loss:.4f} and {s.bleu:.2f} BLEU against "
+                 f"{b.loss:.4f} and {b.bleu:.2f} for torch.nn.Transformer; {how}: "
+                 f"{stats.verdict(test)}.")
+    else:
+        first = (f"Models run: {', '.join(inp.models)}; without both `scratch` and `baseline` "
+                 "there is no from-scratch vs torch.nn.Transformer comparison.")
+    t = inp.summary[inp.summary.testset == testset]
+    best = t.loc[t.bleu.idxmax()]
+    second = (f"The best system on {testset} is `{best.model}` with the `{best.recipe}` recipe "
+              f"at {best.bleu:.2f} BLEU (chrF {best.chrf:.2f}, test loss {best.loss:.4f}).")
+    return ["# Transformer from scratch vs torch.nn.Transformer: Multi30k de→en", "",
+            first + " " + second, "",
+            "Generated by `nmt report` from `results/`; re-run with `dvc repro` or "
+            "`snakemake --cores 8`. Do not edit by hand.", ""]
+
+
+def kind_of(c: stats.Comparison) -> str:
+    return "seeds" if "Welch" in c.method else "bootstrap"
+
+
+def verdict_lines(inp: Inputs, recipe: str) -> list[str]:
+    """The bootstrap verdicts on BLEU and test loss, and the seed test of BLEU where it ran."""
+    shown_here = {("BLEU", "bootstrap"), ("test loss", "bootstrap"), ("BLEU", "seeds")}
+    lines = [f"- {testset} ({kind_of(c)}): "
+             f"{stats.verdict(c, digits=4 if c.metric == 'test loss' else 2)}"
+             for system in challengers(inp.models) for testset in inp.testsets
+             for c in inp.comparisons[recipe, system, testset]
+             if (c.metric, kind_of(c)) in shown_here]
+    return lines + [""] if lines else []
+
+
+def results_section(inp: Inputs) -> list[str]:
+    """Per recipe: mean ± std (n seeds) per model and test set, then the verdict lines."""
+    lines = ["## Results", "",
+             "Each cell: mean ± sample std (number of seeds) over the training seeds "
+             f"{inp.seeds}; per-seed rows are in `results.csv`, these aggregates in "
+             "`results_summary.csv`.", ""]
+    for recipe in inp.recipes:
+        rows = []
+        for r in inp.summary[inp.summary.recipe == recipe].itertuples():
+            cells = {LABELS[m]: stats.Summary(getattr(r, m), getattr(r, f"{m}_std"),
+                                              r.seeds).format(DIGITS[m]) for m in LABELS}
+            rows.append({"model": r.model, "testset": r.testset, **cells,
+                         "params": f"{int(r.params):,}", "s/epoch": f"{r.seconds_per_epoch:.1f}"})
+        lines += [f"### recipe `{recipe}`", "", md_table(pd.DataFrame(rows), text=True), ""]
+        lines += verdict_lines(inp, recipe)
+    lines += ["`test loss` is the per-token cross-entropy on the test set, `ppl` its "
+              "exponential; `BLEU` is beam search, `BLEU greedy` greedy decoding, both "
+              "detokenized cased sacreBLEU; `chrF` uses the beam output.", ""]
+    sig = next(iter(inp.runs.values()))["evaluation"]["signature"]
+    lines += [f"sacreBLEU signatures: BLEU `{sig['bleu']}`, chrF `{sig['chrf']}`.", ""]
+    return lines
+
+
+def statistics_section(inp: Inputs) -> list[str]:
+    """Every comparison with the baseline: difference, 95% CI, p and how it was computed."""
+    if not inp.comparisons:
+        return []
+    digits = {"test loss": 4}
+    rows = [{"recipe": recipe, "testset": testset, "comparison": f"{c.system} - {c.baseline}",
+             "metric": c.metric, "difference": f"{c.difference:+.{digits.get(c.metric, 2)}f}",
+             "95% CI": f"{c.low:+.{digits.get(c.metric, 2)}f} .. "
+                       f"{c.high:+.{digits.get(c.metric, 2)}f}",
+             "p": stats.format_p(c.p), "method": c.method}
+            for (recipe, _, testset), found in inp.comparisons.items() for c in found]
+    signatures = {c.metric: c.signature for found in inp.comparisons.values() for c in found
+                  if c.signature}
+    lines = ["## Statistics", "", md_table(pd.DataFrame(rows), text=True), "",
+             f"Significance level {stats.ALPHA}. The paired bootstraps resample test sentences "
+             f"of one pair of trained models, the first seed's ({inp.seeds[0]}): they measure "
+             "how much the test set's sample of sentences moves the difference, not training "
+             "noise. BLEU and chrF use sacreBLEU's own paired bootstrap (its p-value); the "
+             "95% interval of the difference comes from the same resamples. The test loss is "
+             "resampled the same way (summed nats / tokens per system). With two or more "
+             "seeds a side, the Welch t-test over the seed scores covers training noise; it is "
+             "the test for 'do the architectures train alike'.", ""]
+    lines += [f"- sacreBLEU bootstrap signature, {k}: `{v}`" for k, v in signatures.items()]
+    return lines + [""]
+
+
+def ablation_section(inp: Inputs) -> list[str]:
+    """Beam BLEU of every model for a recipe and each of its ablations in the pipeline; the
+    Δ columns follow one model (scratch when it ran)."""
+    recipes = inp.params["recipes"]
+    ablations = [r for r in inp.recipes if "ablation_of" in recipes[r]]
+    focus = "scratch" if "scratch" in inp.models else inp.models[0]
     lines = []
     for full in dict.fromkeys(recipes[r]["ablation_of"] for r in ablations):
-        if full not in bleu.index:
+        if full not in inp.recipes:
             continue
-        rows = [{"recipe": full, "removed": "(nothing)", **bleu.loc[full].to_dict()}]
-        for r in (r for r in ablations if recipes[r]["ablation_of"] == full):
-            delta = {f"Δ {t}": bleu.loc[r, t] - bleu.loc[full, t] for t in bleu.columns}
-            rows.append({"recipe": r, "removed": recipes[r]["removes"],
-                         **bleu.loc[r].to_dict(), **delta})
-        lines += [f"## Ablation of `{full}` (scratch model, beam BLEU)", "",
+        rows = []
+        for r in [full, *(a for a in ablations if recipes[a]["ablation_of"] == full)]:
+            row = {"recipe": r, "removed": recipes[r].get("removes", "(nothing)")}
+            for m in inp.models:
+                row |= {f"{m} {t}": inp.cell(r, m, t).bleu for t in inp.testsets}
+            row |= {f"Δ {focus} {t}": inp.cell(r, focus, t).bleu - inp.cell(full, focus, t).bleu
+                    for t in inp.testsets}
+            rows.append(row)
+        lines += [f"## Ablation of `{full}` (beam BLEU, mean over seeds)", "",
                   md_table(pd.DataFrame(rows)), ""]
     return lines
 
 
-def md_table(df: pd.DataFrame, floatfmt=".2f") -> str:
-    return df.to_markdown(index=False, floatfmt=floatfmt)
+def reference_section(inp: Inputs) -> list[str]:
+    """Our published-recipe test loss and speed beside the published numbers."""
+    lines = ["## Against the published reference", ""]
+    if "published" not in inp.recipes:
+        return lines + ["The `published` recipe is not in `pipeline.recipes`.", ""]
+    testset = inp.testsets[0]
+    rows = []
+    for model in inp.models:
+        r, pub = inp.cell("published", model, testset), PUBLISHED.get(model, {})
+        rows.append({"model": model,
+                     "test loss (ours)": stats.Summary(r.loss, r.loss_std, r.seeds).format(4),
+                     "test loss (published)": pub.get("loss", "-"),
+                     "s/epoch (ours)": f"{r.seconds_per_epoch:.1f}",
+                     "s/epoch (published)": pub.get("seconds_per_epoch", "-"),
+                     "device (ours)": inp.runs[Run("published", model, inp.seeds[0])]["train"][
+                         "device"]})
+    return lines + [md_table(pd.DataFrame(rows), text=True), "",
+                    f"Ours on {testset}. The published losses average the batch-mean loss over "
+                    "batches; ours are per token over the whole test set, so small differences "
+                    "are expected.", ""]
 
 
-def report(params: dict, tokenized: Path, vocab_root: Path, results: Path, out: Path) -> None:
-    recipes, models = params["pipeline"]["recipes"], params["pipeline"]["models"]
-    src_lang, tgt_lang = params["data"]["source_lang"], params["data"]["target_lang"]
-    seed = params["pipeline"]["seeds"][0]  # one seed for now
-    table, runs = collect(params, results)
-    stats = read_json(need(tokenized / "stats.json"))
+def training_section(inp: Inputs, figures: dict[str, str]) -> list[str]:
+    """Loss curves, each run's training speed, and the speed benchmark."""
+    testset = inp.testsets[0]
+    lines = ["## Training", "", f"![loss curves](figures/{figures['loss']})", ""]
+    speed = pd.DataFrame([
+        {"run": run.name, "device": r["train"]["device"], "epochs": r["train"]["epochs"],
+         "best epoch": r["train"]["best_epoch"], "best valid loss": r["train"]["best_valid_loss"],
+         "s/epoch": r["train"]["seconds_per_epoch"],
+         "train tokens/s": r["train"]["tokens_per_second"],
+         f"beam s ({testset})": r["evaluation"]["testsets"][testset]["seconds_beam"]}
+        for run, r in inp.runs.items()])
+    return lines + [md_table(speed, ".3f"), ""] + bench_lines(inp)
 
-    with atomic_dir(out / "figures") as figures:
-        plot_losses(runs, recipes, figures / "loss.png")
-        attention = None
-        if "scratch" in models:
-            run = Run(recipes[0], "scratch", params["pipeline"]["seeds"][0]).name
-            attention = read_json(need(results / run / "attention.json"))
-            plot_attention(attention, run, figures / "attention.png")
 
-    lines = ["# Transformer from scratch vs torch.nn.Transformer: Multi30k de→en", "",
-             "Generated by `nmt report` from `results/`; re-run with `dvc repro` or "
-             "`snakemake --cores 8`. Do not edit by hand.", ""]
-
-    lines += ["## Results", ""]
-    for testset in params["evaluate"]["testsets"]:
-        sub = table[table.testset == testset].drop(columns="testset")
-        lines += [f"### {testset}", "", md_table(sub), ""]
-    lines += ["`loss` is the per-token cross-entropy on the test set, `ppl` its exponential; "
-              "`bleu` is beam search, `bleu_greedy` greedy decoding, both detokenized cased "
-              "sacreBLEU; `chrf` uses the beam output.", ""]
-    first = next(iter(runs.values()))["metrics"]["signature"]
-    lines += [f"sacreBLEU signatures: BLEU `{first['bleu']}`, chrF `{first['chrf']}`.", ""]
-
-    lines += ablation_section(params, table)
-
-    lines += ["## Against the published reference", ""]
-    pub = table[(table.recipe == "published") & (table.testset == "test_2016_flickr")]
-    ref_rows = [{"model": r.model, "test loss (ours)": r.loss,
-                 "test loss (published)": PUBLISHED[r.model]["loss"],
-                 "s/epoch (ours)": r.seconds_per_epoch,
-                 "s/epoch (published)": PUBLISHED[r.model]["seconds_per_epoch"],
-                 "device (ours)": runs[Run("published", r.model, seed).name]["train"]["device"]}
-                for r in pub.itertuples()]
-    if ref_rows:
-        lines += [md_table(pd.DataFrame(ref_rows), ".4f"), "",
-                  "The published losses average the batch-mean loss over batches; ours are per "
-                  "token over the whole test set, so small differences are expected.", ""]
-    else:
-        lines += ["The `published` recipe is not in `pipeline.recipes`.", ""]
-
-    lines += ["## Training", "", "![loss curves](figures/loss.png)", ""]
-    speed = pd.DataFrame([{"run": name, "device": r["train"]["device"],
-                           "epochs": r["train"]["epochs"], "best epoch": r["train"]["best_epoch"],
-                           "best valid loss": r["train"]["best_valid_loss"],
-                           "s/epoch": r["train"]["seconds_per_epoch"],
-                           "train tokens/s": r["train"]["tokens_per_second"]}
-                          for name, r in runs.items()])
-    lines += [md_table(speed, ".3f"), ""]
-    bench = read_json(need(results / "bench.json"))
+def bench_lines(inp: Inputs) -> list[str]:
+    """results/bench.json as a table: every model bench timed, and the ratio where given."""
+    bench = read_json(need(inp.results / "bench.json"))
     units = {"train": "train tokens/s", "greedy": "greedy sentences/s",
              "beam": "beam sentences/s"}
-    rows = [{"what": label, "baseline": bench[k]["baseline"], "scratch": bench[k]["scratch"],
-             "scratch/baseline": bench[k]["ratio"]} for k, label in units.items()]
-    lines += [f"### Speed benchmark (`nmt bench`, {bench['device']}, recipe {bench['recipe']})",
-              "", md_table(pd.DataFrame(rows), ".2f"), ""]
-    if bench["mfu"]:
-        lines += [f"Model FLOPs utilisation in training: baseline {bench['mfu']['baseline']:.1%},"
-                  f" scratch {bench['mfu']['scratch']:.1%} of the bf16 peak.", ""]
+    rows = [{"what": label, **{m: v for m, v in bench[k].items() if m != "ratio"},
+             **({"scratch/baseline": bench[k]["ratio"]} if "ratio" in bench[k] else {})}
+            for k, label in units.items()]
+    lines = [f"### Speed benchmark (`nmt bench`, {bench['device']}, recipe {bench['recipe']})",
+             "", md_table(pd.DataFrame(rows), ".2f"), ""]
+    if bench.get("mfu"):
+        lines += ["Model FLOPs utilisation in training (of the bf16 peak): " + ", ".join(
+            f"{m} {v:.1%}" for m, v in bench["mfu"].items()) + ".", ""]
+    if bench.get("peak_memory_mib"):
+        lines += ["Peak GPU memory in training: " + ", ".join(
+            f"{m} {v:,} MiB" for m, v in bench["peak_memory_mib"].items()) + ".", ""]
+    return lines
 
-    lines += ["## Verification: scratch computes what torch.nn.Transformer computes", ""]
-    for recipe in recipes:
-        v = read_json(need(results / "verify" / f"{recipe}.json"))
+
+def verification_section(inp: Inputs) -> list[str]:
+    """Each recipe's equivalence checklist (results/verify/<recipe>.json)."""
+    lines = ["## Verification", "",
+             "`nmt verify`: scratch against torch.nn.Transformer on shared weights; property "
+             "checks for models with no PyTorch twin.", ""]
+    for recipe in inp.recipes:
+        v = read_json(need(inp.results / "verify" / f"{recipe}.json"))
         df = pd.DataFrame(v["checks"])[["name", "passed", "max_abs_diff", "tolerance"]]
         lines += [f"### {recipe}: {'all checks passed' if v['passed'] else 'FAILED'}", "",
-                  df.to_markdown(index=False, floatfmt=".3g"), ""]
+                  md_table(df, ".3g"), ""]
+    return lines
 
-    lines += ["## Sample translations (test_2016_flickr, beam search)", ""]
-    sources = read_lines(tokenized / f"test_2016_flickr.{src_lang}.txt")
-    refs = read_lines(tokenized / f"test_2016_flickr.{tgt_lang}.txt")
-    outputs = {m: read_lines(Run(recipes[0], m, seed).dir(results) / "translations"
-                             / "test_2016_flickr.beam.txt") for m in models}
-    step = max(1, len(sources) // max(1, params["report"]["samples"]))
-    for i in list(range(0, len(sources), step))[: params["report"]["samples"]]:
+
+def samples_section(inp: Inputs) -> list[str]:
+    """Evenly spaced sentences of the first test set: source, reference, every model's beam."""
+    testset, recipe = inp.testsets[0], inp.recipes[0]
+    src_lang, tgt_lang = inp.langs
+    sources = read_lines(need(inp.tokenized / f"{testset}.{src_lang}.txt"))
+    refs = read_lines(need(inp.tokenized / f"{testset}.{tgt_lang}.txt"))
+    outputs = {m: read_lines(need(inp.run_dir(recipe, m) / "translations"
+                                  / f"{testset}.beam.txt")) for m in inp.models}
+    count = inp.params["report"]["samples"]
+    step = max(1, len(sources) // max(1, count))
+    lines = [f"## Sample translations ({testset}, recipe `{recipe}`, seed {inp.seeds[0]}, "
+             "beam search)", ""]
+    for i in list(range(0, len(sources), step))[:count]:
         lines += [f"- **source:** {sources[i]}", f"  - reference: {refs[i]}"]
-        lines += [f"  - {m}: {outputs[m][i]}" for m in models]
-    lines += [""]
-    if attention is not None:
-        lines += ["## Attention", "", f"Source pieces: `{' '.join(attention['source'])}`", "",
-                  f"Output: *{attention['translation']}*", "",
-                  "![attention map](figures/attention.png)", ""]
+        lines += [f"  - {m}: {shown(outputs[m][i])}" for m in inp.models]
+    return lines + [""]
 
-    lines += ["## Setup", "", "| split | sentences (de) | tokens (de) | tokens (en) | longest |",
-              "|---|---|---|---|---|"]
-    for split in ("train", "val", "test_2016_flickr", "test_2017_flickr"):
-        s, t = stats[f"{split}.{src_lang}"], stats[f"{split}.{tgt_lang}"]
+
+def attention_section(inp: Inputs, figures: dict[str, str]) -> list[str]:
+    """Each model's attention map of one sentence of the first test set."""
+    recipe = inp.recipes[0]
+    lines = ["## Attention", "",
+             f"One sentence of {inp.testsets[0]} (`evaluate.attention_example`), recipe "
+             f"`{recipe}`, seed {inp.seeds[0]}.", ""]
+    for model in inp.models:
+        attention = read_json(need(inp.run_dir(recipe, model) / "attention.json"))
+        translation = attention["translation"]
+        lines += [f"### {model}", "", f"Source pieces: `{' '.join(attention['source'])}`", "",
+                  f"Output: {f'*{translation}*' if translation.strip() else shown('')}", "",
+                  f"![attention map of {model}](figures/{figures[f'attention {model}']})", ""]
+    return lines
+
+
+def setup_section(inp: Inputs) -> list[str]:
+    """Data sizes per split, and each recipe's vocabulary, parameter counts and settings."""
+    src_lang, tgt_lang = inp.langs
+    data = read_json(need(inp.tokenized / "stats.json"))
+    lines = ["## Setup", "",
+             f"| split | sentences ({src_lang}) | tokens ({src_lang}) | tokens ({tgt_lang}) | "
+             "longest |", "|---|---|---|---|---|"]
+    for split in ("train", "val", *inp.testsets):
+        s, t = data[f"{split}.{src_lang}"], data[f"{split}.{tgt_lang}"]
         lines += [f"| {split} | {s['sentences']:,} | {s['tokens']:,} | {t['tokens']:,} | "
                   f"{max(s['max_len'], t['max_len'])} |"]
     lines += [""]
-    for recipe in recipes:
-        meta = read_json(need(vocab_root / recipe / "meta.json"))
-        r = resolve(params, recipe)
-        n = {m: runs[Run(recipe, m, seed).name]["train"]["params"] for m in models}
+    for recipe in inp.recipes:
+        meta = read_json(need(inp.vocab_root / recipe / "meta.json"))
+        r = resolve(inp.params, recipe)
+        n = {m: inp.runs[Run(recipe, m, inp.seeds[0])]["evaluation"]["params"]
+             for m in inp.models}
         lines += [f"### recipe `{recipe}`", "",
                   f"Vocabulary: {meta['kind']}, source {meta['src_size']:,}, target "
                   f"{meta['tgt_size']:,}. Parameters: "
                   + ", ".join(f"{m} {c:,}" for m, c in n.items()) + ".", "", "```yaml",
                   yaml.safe_dump({k: r[k] for k in ("vocab", "model", "train", "evaluate")},
                                  sort_keys=False).rstrip(), "```", ""]
+    return lines
 
+
+# --- the stage -------------------------------------------------------------------------------
+
+def write_tables(inp: Inputs, out: Path) -> None:
+    """results.csv (per seed), results_summary.csv (seed aggregates), metrics.json (for
+    `dvc metrics show`: seed means, numbers only) and statistics.json (the comparisons)."""
     with atomic_path(out / "results.csv") as tmp:
-        table.to_csv(tmp, index=False, float_format="%.4f")
-    # `dvc metrics show` reads this: {recipe: {model: {testset: {loss, bleu, chrf}}}}.
+        inp.table.to_csv(tmp, index=False, float_format="%.4f")
+    with atomic_path(out / "results_summary.csv") as tmp:
+        inp.summary.to_csv(tmp, index=False, float_format="%.4f")
     metrics = {}
-    for r in table.itertuples():
+    for r in inp.summary.itertuples():
         metrics.setdefault(r.recipe, {}).setdefault(r.model, {})[r.testset] = {
             "loss": r.loss, "bleu": r.bleu, "chrf": r.chrf}
     write_json(out / "metrics.json", metrics)
+    write_json(out / "statistics.json", [
+        {"recipe": recipe, "testset": testset, **c.to_dict()}
+        for (recipe, _, testset), found in inp.comparisons.items() for c in found])
+
+
+def report(params: dict, tokenized: Path, vocab_root: Path, results: Path, out: Path) -> None:
+    """Read results/ and data/, write reports/: report.md, tables and figures."""
+    out = Path(out)
+    inp = load(params, tokenized, vocab_root, results)
+    with atomic_dir(out / "figures") as folder:
+        figures = draw_figures(inp, folder)
+    lines = (head_section(inp) + results_section(inp) + statistics_section(inp)
+             + ablation_section(inp) + reference_section(inp) + training_section(inp, figures)
+             + verification_section(inp) + samples_section(inp)
+             + attention_section(inp, figures) + setup_section(inp))
+    write_tables(inp, out)
     write_text(out / "report.md", "\n".join(lines))
-    log.info("wrote %s, results.csv (%d rows), metrics.json, figures/", out / "report.md",
-             len(table))
+    log.info("wrote %s, results.csv (%d rows), results_summary.csv, metrics.json, "
+             "statistics.json, figures/ (%s)", out / "report.md", len(inp.table),
+             ", ".join(figures.values()))

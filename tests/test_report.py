@@ -1,0 +1,271 @@
+"""The report from a small fake results tree: every file of the run contract, written from
+real Multi30k lines, for any set of recipes, models, seeds and test sets."""
+
+import gzip
+import itertools
+import json
+import math
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pandas as pd
+import pytest
+from sacrebleu.metrics import BLEU, CHRF
+
+from nmt import report as rp
+from nmt.config import NmtError, Run, load_params
+from nmt.files import write_json, write_text
+
+REPO = Path(__file__).resolve().parents[1]
+T16, T17 = "test_2016_flickr", "test_2017_flickr"
+SENTENCES = 60
+DROP = {"baseline": 0.25, "scratch": 0.25, "decoder_only": 0.6}  # share of words left out
+LOSS = {"baseline": 2.0, "scratch": 2.0, "decoder_only": 2.4}      # nats a token
+
+
+def lines_of(mirror: Path, testset: str, lang: str) -> list[str]:
+    with gzip.open(mirror / f"{testset}.{lang}.gz", "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in itertools.islice(f, SENTENCES)]
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    write_text(path, "".join(line + "\n" for line in lines))
+
+
+def corrupt(refs: list[str], share: float, rng) -> list[str]:
+    return [" ".join(w for w in r.split() if rng.random() >= share) for r in refs]
+
+
+def signatures() -> dict:
+    """sacreBLEU's signatures, as evaluate records them (a metric must score once first)."""
+    out = {}
+    for name, metric in (("bleu", BLEU()), ("chrf", CHRF())):
+        metric.corpus_score([""], [[""]])
+        out[name] = str(metric.get_signature())
+    return out
+
+
+def fake_run(params: dict, run: Run, results: Path, data: dict) -> None:
+    """metrics.json, evaluation.json, translations/, attention.json, train.json, history.csv
+    of one run, as evaluate and train write them."""
+    folder = run.dir(results)
+    models, recipes = list(DROP), params["pipeline"]["recipes"]
+    metrics, timings, first = {}, {}, params["evaluate"]["testsets"][0]
+    for k, testset in enumerate(params["evaluate"]["testsets"]):
+        refs = data[testset]["en"]
+        rng = np.random.default_rng([run.seed, models.index(run.model), recipes.index(run.recipe),
+                                     k])
+        beam = corrupt(refs, DROP[run.model], rng)
+        greedy = corrupt(refs, DROP[run.model] + 0.05, rng)
+        if run.model == "scratch" and run.seed == 0:
+            beam[0] = ""  # an empty output, shown as *(empty)*
+        tokens = [len(r.split()) + 1 for r in refs]
+        losses = [n * (LOSS[run.model] + rng.normal(0, 0.3)) for n in tokens]
+        write_lines(folder / "translations" / f"{testset}.beam.txt", beam)
+        write_lines(folder / "translations" / f"{testset}.greedy.txt", greedy)
+        write_lines(folder / "translations" / f"{testset}.loss.tsv",
+                    [f"{x!r}\t{n}" for x, n in zip(losses, tokens, strict=True)])
+        loss = sum(losses) / sum(tokens)
+        metrics[testset] = {"loss": loss, "ppl": math.exp(loss),
+                            "bleu": BLEU().corpus_score(beam, [refs]).score,
+                            "bleu_greedy": BLEU().corpus_score(greedy, [refs]).score,
+                            "chrf": CHRF().corpus_score(beam, [refs]).score,
+                            "chrf_greedy": CHRF().corpus_score(greedy, [refs]).score}
+        timings[testset] = {"sentences": len(refs), "seconds_greedy": 1.5, "seconds_beam": 4.2}
+        if testset == first:
+            source = data[testset]["de"][0].split()
+            output = beam[0].split() + ["<eos>"]
+            weights = rng.random((len(output), len(source)))
+            write_json(folder / "attention.json", {
+                "what": "last decoder layer, cross-attention, mean of heads", "source": source,
+                "output": output, "translation": beam[0],
+                "weights": (weights / weights.sum(1, keepdims=True)).round(4).tolist()})
+    write_json(folder / "metrics.json", metrics)
+    write_json(folder / "evaluation.json", {
+        "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
+        "params": 1_000_000 + 1000 * models.index(run.model),
+        "signature": signatures(),
+        "testsets": timings})
+    epochs, gap = 5 - run.seed, 0.4 * models.index(run.model)  # seeds stop early, or not
+    epoch = np.arange(1, epochs + 1)
+    history = pd.DataFrame({"epoch": epoch, "train_loss": 5 / epoch + gap + 0.1 * run.seed,
+                            "valid_loss": 4 / epoch + gap + 1,
+                            "lr": 1e-4, "seconds": 50.0, "tokens_per_second": 9000.0})
+    write_text(folder / "history.csv", history.to_csv(index=False))
+    write_json(folder / "train.json", {
+        "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
+        "device": "cuda:0", "params": 1_000_000, "epochs": epochs, "best_epoch": epochs,
+        "best_valid_loss": 1.8, "averaged_valid_loss": None, "seconds_per_epoch": 50.0 + run.seed,
+        "tokens_per_second": 9000, "train_pairs": 29000, "config": {}})
+
+
+def fake_tree(root: Path, mirror: Path, recipes, models, seeds, testsets) -> tuple[dict, dict]:
+    """params and paths of a complete fake pipeline output under root."""
+    params = load_params(REPO / "params.yaml")
+    params["pipeline"] |= {"recipes": recipes, "models": models, "seeds": seeds}
+    params["evaluate"]["testsets"] = testsets
+    params["report"]["samples"] = 3
+    paths = {k: root / k for k in ("tokenized", "vocab", "results", "reports")}
+    data = {t: {lang: lines_of(mirror, t, lang) for lang in ("de", "en")} for t in testsets}
+    sizes = {}
+    for split in ("train", "val", *testsets):
+        for lang in ("de", "en"):
+            if split in data:
+                write_lines(paths["tokenized"] / f"{split}.{lang}.txt", data[split][lang])
+            sizes[f"{split}.{lang}"] = {"sentences": 1000, "tokens": 12000, "max_len": 40}
+    write_json(paths["tokenized"] / "stats.json", sizes)
+    for recipe in recipes:
+        write_json(paths["vocab"] / recipe / "meta.json",
+                   {"kind": "word", "min_freq": 1, "source_lang": "de", "target_lang": "en",
+                    "src_size": 7853, "tgt_size": 5893})
+        write_json(paths["results"] / "verify" / f"{recipe}.json", {"passed": True, "checks": [
+            {"name": "logits (float64)", "passed": True, "max_abs_diff": 1e-12,
+             "tolerance": 1e-9, "seconds": 0.1}]})
+        for model, seed in itertools.product(models, seeds):
+            fake_run(params, Run(recipe, model, seed), paths["results"], data)
+    write_json(paths["results"] / "bench.json", {
+        "device": "NVIDIA H100", "recipe": recipes[0], "steps": 20, "sentences": 200,
+        **{k: {"baseline": 100.0, "scratch": 95.0, "ratio": 0.95}
+           for k in ("train", "greedy", "beam")},
+        "peak_memory_mib": {"baseline": 4000, "scratch": 4200},
+        "mfu": {"baseline": 0.31, "scratch": 0.29}})
+    return params, paths
+
+
+def make_report(tmp_path, mirror, recipes, models, seeds, testsets) -> tuple[str, dict, dict]:
+    params, paths = fake_tree(tmp_path, mirror, recipes, models, seeds, testsets)
+    rp.report(params, paths["tokenized"], paths["vocab"], paths["results"], paths["reports"])
+    return (paths["reports"] / "report.md").read_text("utf-8"), params, paths
+
+
+def assert_real_png(path: Path, min_width: int = 300) -> None:
+    image = matplotlib.image.imread(path)  # (H, W, channels), floats in [0, 1]
+    assert image.shape[0] >= 200 and image.shape[1] >= min_width, image.shape
+    assert image[..., :3].std() > 0.05  # drawn on, not a blank canvas
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory, mirror):
+    """2 recipes x 3 models x 2 seeds x 2 test sets."""
+    return make_report(tmp_path_factory.mktemp("full"), mirror, ["published", "tuned"],
+                       ["baseline", "scratch", "decoder_only"], [0, 1], [T16, T17])
+
+
+def test_tables_hold_every_seed_and_the_seed_aggregates(full):
+    text, _, paths = full
+    per_seed = pd.read_csv(paths["reports"] / "results.csv")
+    assert {"recipe", "model", "testset", "seed", "loss", "ppl", "bleu", "bleu_greedy", "chrf",
+            "params", "seconds_per_epoch"} <= set(per_seed.columns)
+    assert len(per_seed) == 2 * 3 * 2 * 2
+    summary = pd.read_csv(paths["reports"] / "results_summary.csv")
+    assert len(summary) == 2 * 3 * 2 and (summary.seeds == 2).all()
+    # Hand aggregate of one cell, from the runs' own metrics.json.
+    bleu = [json.loads((Run("tuned", "scratch", s).dir(paths["results"]) / "metrics.json")
+                       .read_text())[T17]["bleu"] for s in (0, 1)]
+    row = summary[(summary.recipe == "tuned") & (summary.model == "scratch")
+                  & (summary.testset == T17)].iloc[0]
+    mean, std = (bleu[0] + bleu[1]) / 2, abs(bleu[0] - bleu[1]) / math.sqrt(2)
+    assert row.bleu == pytest.approx(mean, abs=1e-4) and row.bleu_std == pytest.approx(
+        std, abs=1e-4)
+    assert f"| {mean:.2f} ± {std:.2f} (2) |" in text
+    metrics = json.loads((paths["reports"] / "metrics.json").read_text())
+    assert set(metrics) == {"published", "tuned"}
+    assert set(metrics["tuned"]["decoder_only"][T16]) == {"loss", "bleu", "chrf"}
+    assert metrics["tuned"]["scratch"][T17]["bleu"] == pytest.approx(mean)
+    assert all(isinstance(v, float) for recipe in metrics.values() for model in recipe.values()
+               for t in model.values() for v in t.values())
+
+
+def test_every_recipe_table_ends_with_its_verdicts(full):
+    text, _, paths = full
+    published = text[text.index("### recipe `published`"):text.index("### recipe `tuned`")]
+    for system in ("scratch", "decoder_only"):
+        for testset in (T16, T17):
+            assert f"- {testset} (bootstrap): {system} - baseline: " in published
+            assert f"- {testset} (seeds): {system} - baseline: " in published
+    # decoder_only drops 60% of the words against the baseline's 25%: clearly worse.
+    worse = [line for line in published.splitlines()
+             if "(bootstrap): decoder_only - baseline:" in line and " BLEU " in line]
+    assert len(worse) == 2 and all("baseline is better" in line for line in worse)
+    stats_rows = json.loads((paths["reports"] / "statistics.json").read_text())
+    assert {(r["metric"], r["system"]) for r in stats_rows} >= {
+        ("BLEU", "scratch"), ("chrF", "decoder_only"), ("test loss", "scratch")}
+    assert "## Statistics" in text and "bs:1000|seed:12345" in text
+    assert "sacreBLEU signatures: BLEU `nrefs:1|case:mixed" in text
+
+
+def test_head_answers_with_numbers(full):
+    text, _, paths = full
+    head = text.split("## Results")[0]
+    summary = pd.read_csv(paths["reports"] / "results_summary.csv")
+    s = summary[(summary.recipe == "published") & (summary.model == "scratch")
+                & (summary.testset == T16)].iloc[0]
+    assert f"On {T16} with the `published` recipe (mean of 2 seeds)" in head
+    assert f"test loss {s.loss:.4f} and {s.bleu:.2f} BLEU" in head
+    assert "Welch t-test over the seeds: scratch - baseline:" in head
+    assert "The best system on" in head
+
+
+def test_figures_exist_and_are_linked_relatively(full):
+    text, _, paths = full
+    figures = paths["reports"] / "figures"
+    assert sorted(p.name for p in figures.iterdir()) == [
+        "attention_baseline.png", "attention_decoder_only.png", "attention_scratch.png",
+        "loss.png"]
+    assert_real_png(figures / "loss.png", min_width=1000)  # two panels side by side
+    for name in ("attention_baseline.png", "attention_decoder_only.png"):
+        assert_real_png(figures / name)
+        assert f"](figures/{name})" in text
+    assert "](figures/loss.png)" in text and "](/" not in text
+
+
+def test_empty_output_reads_empty(full):
+    text, _, _ = full
+    assert "  - scratch: *(empty)*" in text  # sample 0 of scratch seed 0 is empty
+    assert "Output: *(empty)*" in text       # and so is its attention example
+    assert "Output: **" not in text and "scratch: \n" not in text
+
+
+def test_sections_and_setup_follow_params(full):
+    text, _, _ = full
+    for section in ("## Results", "## Statistics", "## Against the published reference",
+                    "## Training", "### Speed benchmark", "## Verification", "## Sample",
+                    "## Attention", "## Setup"):
+        assert section in text, section
+    assert f"| {T17} | 1,000 |" in text and "| val | 1,000 |" in text
+    assert "MFU" in text or "FLOPs utilisation" in text
+
+
+def test_one_test_set_two_models(tmp_path, mirror):
+    text, _, paths = make_report(tmp_path, mirror, ["tuned"], ["baseline", "decoder_only"],
+                                 [0], [T17])
+    assert T16 not in text
+    assert f"- {T17} (bootstrap): decoder_only - baseline: " in text
+    assert "(seeds)" not in text  # one seed: no seed test
+    assert "no from-scratch vs torch.nn.Transformer comparison" in text
+    assert f"## Sample translations ({T17}" in text
+    assert "± - (1)" in text
+    assert len(pd.read_csv(paths["reports"] / "results.csv")) == 2
+    assert sorted(p.name for p in (paths["reports"] / "figures").iterdir()) == [
+        "attention_baseline.png", "attention_decoder_only.png", "loss.png"]
+
+
+def test_one_model_and_its_ablation(tmp_path, mirror):
+    text, _, _ = make_report(tmp_path, mirror, ["tuned", "tuned_no_tying"], ["scratch"], [0],
+                             [T16])
+    assert " - baseline:" not in text  # nothing to compare with
+    assert "no from-scratch vs torch.nn.Transformer comparison" in text
+    assert "## Ablation of `tuned`" in text and "| tuned_no_tying | tied embeddings |" in text
+    assert f"Δ scratch {T16}" in text
+    assert "The `published` recipe is not in `pipeline.recipes`." in text
+
+
+def test_a_missing_run_file_is_one_clear_error(tmp_path, mirror):
+    params, paths = fake_tree(tmp_path, mirror, ["tuned"], ["baseline", "scratch"], [0], [T16])
+    (Run("tuned", "scratch", 0).dir(paths["results"]) / "translations"
+     / f"{T16}.loss.tsv").unlink()
+    with pytest.raises(NmtError, match=r"loss.tsv is missing \(fix: "):
+        rp.report(params, paths["tokenized"], paths["vocab"], paths["results"],
+                  paths["reports"])
+    assert not (paths["reports"] / "report.md").exists()  # nothing half-written

@@ -1,0 +1,233 @@
+"""Seed aggregates, the paired bootstraps, the Welch test and the verdict line, against hand
+values, brute-force enumeration and sacreBLEU itself."""
+
+import gzip
+import itertools
+import math
+import os
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
+
+from nmt import stats
+from nmt.config import NmtError
+
+
+@pytest.fixture(scope="module")
+def references(mirror) -> list[str]:
+    """120 real Multi30k English test sentences."""
+    with gzip.open(mirror / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in itertools.islice(f, 120)]
+
+
+def drop_words(lines: list[str], every: int, offset: int = 0) -> list[str]:
+    """A worse system, deterministically: drop every `every`-th word."""
+    return [" ".join(w for i, w in enumerate(line.split()) if (i + offset) % every)
+            for line in lines]
+
+
+# --- aggregates ------------------------------------------------------------------------------
+
+def test_summarize_on_hand_numbers():
+    s = stats.summarize([1.0, 2.0, 3.0, 4.0])
+    assert (s.mean, s.n) == (2.5, 4)
+    assert s.std == pytest.approx(math.sqrt(5 / 3), abs=1e-15)  # ddof=1: 5 / (4 - 1)
+    assert s.format(2) == "2.50 ± 1.29 (4)"
+    one = stats.summarize([25.314])
+    assert one.n == 1 and math.isnan(one.std) and one.format(2) == "25.31 ± - (1)"
+    with pytest.raises(ValueError):
+        stats.summarize([])
+
+
+def test_aggregate_groups_in_first_seen_order():
+    rows = [{"model": "b", "seed": 0, "bleu": 30.0, "loss": 2.0},
+            {"model": "a", "seed": 0, "bleu": 10.0, "loss": 3.0},
+            {"model": "b", "seed": 1, "bleu": 34.0, "loss": 2.5}]
+    out = stats.aggregate(rows, ["model"], ["bleu", "loss"])
+    assert [r["model"] for r in out] == ["b", "a"]
+    b, a = out
+    assert (b["n"], b["bleu"], b["loss"]) == (2, 32.0, 2.25)
+    assert b["bleu_std"] == pytest.approx(math.sqrt(8)) and b["loss_std"] == pytest.approx(
+        math.sqrt(0.125))
+    assert a["n"] == 1 and a["bleu"] == 10.0 and math.isnan(a["bleu_std"])
+
+
+# --- BLEU / chrF: sacreBLEU's paired bootstrap -------------------------------------------------
+
+def test_identical_systems_differ_by_nothing(references):
+    hyps = drop_words(references, 3)
+    found = stats.paired_bootstrap(hyps, list(hyps), references)
+    for c in found.values():
+        assert c.difference == 0 and (c.low, c.high) == (0.0, 0.0)
+        # sacreBLEU alone says p = 1/1001 here (its strict '>'); the report must not.
+        assert c.p == 1.0
+        assert stats.verdict(c).endswith("no significant difference")
+        assert "bs:1000" in c.signature and "seed:12345" in c.signature
+
+
+def test_a_system_better_on_every_sentence_is_significant(references):
+    worse = drop_words(references, 2)
+    found = stats.paired_bootstrap(list(references), worse, references)
+    for name, c in found.items():
+        assert c.p < 0.01 and c.low > 0 and c.difference > 0, name
+        assert "scratch is better" in stats.verdict(c)
+    flipped = stats.paired_bootstrap(worse, list(references), references)
+    assert flipped["BLEU"].high < 0 and "baseline is better" in stats.verdict(flipped["BLEU"])
+
+
+def test_scores_and_p_value_are_sacrebleus(references):
+    """Same corpus scores as sacreBLEU's metrics, the same p-value as its PairedTest."""
+    system, baseline = drop_words(references, 4), drop_words(references, 4, offset=1)
+    found = stats.paired_bootstrap(system, baseline, references)
+    metrics = {"BLEU": BLEU(), "chrF": CHRF()}
+    os.environ.pop("SACREBLEU_SEED", None)  # sacreBLEU's default seed is ours: 12345
+    _, results = PairedTest([("baseline", baseline), ("scratch", system)], metrics,
+                            [references], test_type="bs", n_samples=1000)()
+    for (label, metric), key in zip(metrics.items(), ("BLEU", "chrF2"), strict=True):
+        c = found[label]
+        assert c.system_score == metric.corpus_score(system, [references]).score
+        assert c.baseline_score == metric.corpus_score(baseline, [references]).score
+        assert c.p == results[key][1].p_value
+        assert c.low <= c.difference <= c.high
+    assert "SACREBLEU_SEED" not in os.environ  # the seed was set for the call only
+
+
+def test_difference_interval_is_the_corpus_score_of_real_resamples(references):
+    """Brute force: with 20 resamples the interval is (min, max) of the differences; score
+    every resampled corpus from scratch with sacreBLEU and compare."""
+    refs = references[:40]
+    system, baseline = drop_words(refs, 3), drop_words(refs, 5)
+    c = stats.paired_bootstrap(system, baseline, refs, n_samples=20, seed=7)["BLEU"]
+    diffs = []
+    for row in stats.resample_indices(len(refs), 20, seed=7):
+        r = [refs[i] for i in row]
+        diffs.append(BLEU().corpus_score([system[i] for i in row], [r]).score
+                     - BLEU().corpus_score([baseline[i] for i in row], [r]).score)
+    assert (c.low, c.high) == pytest.approx((min(diffs), max(diffs)), abs=1e-4)
+
+
+def test_resamples_that_are_not_sacrebleus_are_caught(references, monkeypatch):
+    """Planted bug: indices drawn with another seed than sacreBLEU used."""
+    draw = stats.resample_indices
+    monkeypatch.setattr(stats, "resample_indices",
+                        lambda n, k, seed: draw(n, k, seed + 1))
+    with pytest.raises(NmtError, match="differ from sacreBLEU"):
+        stats.paired_bootstrap(drop_words(references, 3), list(references), references)
+
+
+def test_bad_inputs_are_one_line_errors(references):
+    with pytest.raises(NmtError, match="as many hypotheses as references"):
+        stats.paired_bootstrap(references[:5], references[:4], references[:5])
+    with pytest.raises(ValueError, match="seed 0"):
+        stats.paired_bootstrap(references[:5], references[:5], references[:5], seed=0)
+    with pytest.raises(NmtError, match="different numbers of sentences"):
+        stats.loss_bootstrap(([1.0, 2.0], [1, 1]), ([1.0], [1]))
+
+
+# --- test loss: sentence-level paired bootstrap ----------------------------------------------
+
+# Three sentences: (summed loss in nats, tokens). Baseline 12 nats / 6 tokens = 2.0 a token;
+# system 14 / 6 = 7/3. The difference is 1/3, all of it from the third sentence.
+BASE = ([2.0, 4.0, 6.0], [1, 2, 3])
+SYS = ([1.0, 4.0, 9.0], [1, 2, 3])
+
+
+def exact_distribution() -> list[Fraction]:
+    """Every one of the 3^3 equally likely resamples, in exact arithmetic."""
+    out = []
+    for row in itertools.product(range(3), repeat=3):
+        s = Fraction(sum(int(SYS[0][i]) for i in row), sum(SYS[1][i] for i in row))
+        b = Fraction(sum(int(BASE[0][i]) for i in row), sum(BASE[1][i] for i in row))
+        out.append(s - b)
+    return out
+
+
+def test_loss_differences_match_exact_enumeration():
+    idxs = np.array(list(itertools.product(range(3), repeat=3)))  # (27, 3)
+    got = stats.loss_differences(tuple(map(np.array, SYS)), tuple(map(np.array, BASE)), idxs)
+    assert got == pytest.approx([float(d) for d in exact_distribution()], abs=1e-12)
+
+
+def test_loss_bootstrap_against_the_exact_bootstrap():
+    c = stats.loss_bootstrap(SYS, BASE, n_samples=20000, seed=3)
+    assert (c.system_score, c.baseline_score) == pytest.approx((7 / 3, 2.0))
+    assert c.difference == pytest.approx(1 / 3) and not c.higher_is_better
+    exact = exact_distribution()
+    mean = sum(exact) / len(exact)
+    # Shift to 'no difference' and count resamples at least as far out as 1/3.
+    p_exact = sum(abs(d - mean) >= Fraction(1, 3) for d in exact) / len(exact)
+    assert c.p == pytest.approx(float(p_exact), abs=0.015)
+    assert 0.1 < p_exact < 0.9  # a case that is neither trivially 0 nor 1
+    # The interval's ends are values the exact distribution takes (the 2.5% / 97.5% ones).
+    support = sorted(float(d) for d in exact)
+    assert min(abs(c.low - v) for v in support) < 1e-12
+    assert min(abs(c.high - v) for v in support) < 1e-12
+    assert c.low == pytest.approx(support[0]) and c.high == pytest.approx(support[-1])
+
+
+def test_loss_bootstrap_identical_and_uniformly_better():
+    losses = ([2.0, 3.5, 1.2, 4.4, 2.8] * 20, [3, 5, 2, 6, 4] * 20)
+    same = stats.loss_bootstrap(losses, losses)
+    assert same.difference == 0 and same.p == 1.0 and (same.low, same.high) == (0.0, 0.0)
+    better = ([x * 0.9 for x in losses[0]], losses[1])  # lower loss on every sentence
+    c = stats.loss_bootstrap(better, losses)
+    assert c.p < 0.01 and c.high < 0
+    assert "scratch is better" in stats.verdict(c, digits=4)
+
+
+# --- seeds: Welch's t-test ------------------------------------------------------------------
+
+def test_t_distribution_against_closed_forms():
+    for t in (0.3, 1.0, 2.5, 12.0):
+        assert stats.t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t),
+                                                          rel=1e-10)
+        assert stats.t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t),
+                                                          rel=1e-10)
+    assert stats.t_two_sided_p(1.959963984540054, 1e7) == pytest.approx(0.05, rel=1e-5)
+    assert stats.t_critical(4) == pytest.approx(2.776445105, rel=1e-8)
+    assert stats.t_critical(1) == pytest.approx(12.70620474, rel=1e-8)
+
+
+def t_tail_by_integration(t: float, df: float) -> float:
+    """P(|T| >= t) by integrating Student's density numerically (x = t + u / (1 - u))."""
+    u = np.linspace(0.0, 1.0, 400_001)[:-1]
+    x, dx = t + u / (1 - u), 1 / (1 - u) ** 2
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    f = np.exp(log_c - (df + 1) / 2 * np.log1p(x * x / df)) * dx
+    return 2 * float(np.sum((f[1:] + f[:-1]) / 2) * (u[1] - u[0]))
+
+
+def test_welch_on_hand_numbers():
+    """(4, 5, 6) vs (1, 2, 3): difference 3, se = sqrt(1/3 + 1/3), t = 3.6742, df = 4,
+    p = 0.02131 (the t(4) tail), CI 3 -/+ 2.7764 se = 0.7330 .. 5.2670."""
+    c = stats.welch([4.0, 5.0, 6.0], [1.0, 2.0, 3.0], "BLEU")
+    assert c.difference == 3.0 and c.p == pytest.approx(0.021311641, rel=1e-6)
+    assert (c.low, c.high) == pytest.approx((0.7330421, 5.2669579), rel=1e-6)
+    assert "n = 3 vs 3" in c.method
+    # Unequal sizes and variances: Welch-Satterthwaite df = 3.447 (fractional).
+    a, b = [30.1, 30.9, 29.7, 31.2], [30.0, 30.2]
+    va, vb = np.var(a, ddof=1) / 4, np.var(b, ddof=1) / 2
+    t, df = (np.mean(a) - np.mean(b)) / math.sqrt(va + vb), (va + vb) ** 2 / (
+        va**2 / 3 + vb**2 / 1)
+    assert df == pytest.approx(3.447, abs=1e-3)
+    assert stats.welch(a, b, "BLEU").p == pytest.approx(t_tail_by_integration(t, df), rel=1e-5)
+    assert stats.welch([30.0], [29.0, 31.0], "BLEU") is None
+    exact = stats.welch([2.0, 2.0], [2.0, 2.0], "test loss", higher_is_better=False)
+    assert exact.p == 1.0 and exact.difference == 0
+
+
+# --- the verdict line -------------------------------------------------------------------------
+
+def test_verdict_lines_read_as_specified():
+    c = stats.Comparison("BLEU", "scratch", "baseline", 30.0, 30.12, -0.12, -0.61, 0.38, 0.31,
+                         "hand")
+    assert stats.verdict(c) == ("scratch - baseline: -0.12 BLEU (95% CI -0.61 .. +0.38, "
+                                "p = 0.31): no significant difference")
+    loss = stats.Comparison("test loss", "decoder_only", "baseline", 2.1, 2.0, 0.1, 0.05, 0.15,
+                            0.0004, "hand", higher_is_better=False)
+    assert stats.verdict(loss, digits=3) == (
+        "decoder_only - baseline: +0.100 test loss (95% CI +0.050 .. +0.150, p < 0.001): "
+        "baseline is better (significant at 0.05)")
