@@ -6,6 +6,8 @@ tests compare what each stage really reads and runs against it (see the file's h
 
 from __future__ import annotations
 
+import itertools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,3 +97,60 @@ def render_dvc(path: Path = DECLARATION) -> str:
     stages = {name: dvc_stage(s) for name, s in load(path).items()}
     body = yaml.safe_dump({"stages": stages}, sort_keys=False, width=100)
     return HEADER + body
+
+
+# Snakemake's view of the declaration (workflow/Snakefile calls these at parse time).
+def fill(text: str, bench: str, shell: bool = False) -> str:
+    """{bench} is bench.recipe; in shell commands {recipe} becomes {wildcards.recipe}."""
+    text = text.replace("{bench}", bench)
+    for d in DIMENSIONS if shell else ():
+        text = text.replace(f"{{{d}}}", f"{{wildcards.{d}}}")
+    return text
+
+
+def expand_runs(path: str, per: list, lists: dict) -> list[str]:
+    """path for every combination of the pipeline lists of its dimensions."""
+    combos = itertools.product(*(lists[d] for d in per))
+    return [path.format(**dict(zip(per, c, strict=True))) for c in combos] if per else [path]
+
+
+def produced(stage: Stage, lists: dict, bench: str) -> list[str]:
+    """Every file or folder a stage writes, over all its runs."""
+    return [q for p in stage.outs + stage.metrics + stage.plots
+            for q in expand_runs(fill(p, bench), stage.per, lists)]
+
+
+def snakemake_inputs(stage: Stage, stages: dict, lists: dict, bench: str) -> list[str]:
+    """Its code and deps; a folder that other stages write into (results, data/vocab) stands
+    for every file they write there, as Snakemake needs files, not a folder, as inputs."""
+    found = []
+    for dep in (fill(d, bench) for d in stage.deps):
+        own = any(fill(o, bench) == dep for s in stages.values() for o in s.outs)
+        inside = [p for s in stages.values() if s is not stage
+                  for p in produced(s, lists, bench) if p.startswith(f"{dep}/")]
+        found += [dep] if own or not inside else inside
+    return stage.code_paths() + found
+
+
+def lookup(section: dict, key: str):
+    for part in key.split("."):
+        section = section[part]
+    return section
+
+
+def declared_values(stage: Stage, config: dict, recipe: str | None, bench: str) -> str:
+    """The values of the keys it declares, as JSON: Snakemake re-runs a job when they change."""
+    from nmt.config import resolve
+
+    out = {k: lookup(config, k) for k in stage.params if k != "params.yaml"}
+    if "params.yaml" in stage.params:
+        out["params.yaml"] = config
+    for keys, name in ((stage.recipe_params, recipe), (stage.bench_params, bench)):
+        if keys:
+            resolved = resolve(config, name)
+            out |= {f"{name}:{k}": lookup(resolved, k) for k in keys}
+    return json.dumps(out, sort_keys=True)
+
+
+def log_path(stage: Stage) -> str:
+    return "logs/" + "-".join([stage.name] + [f"{{{d}}}" for d in stage.per]) + ".log"
