@@ -20,3 +20,15 @@ def test_snakemake_lint_is_clean():
                           text=True)
     assert proc.returncode == 0 and "Congratulations" in proc.stdout + proc.stderr, \
         proc.stdout + proc.stderr
+
+
+def test_slurm_profile_plans_the_whole_pipeline():
+    """The cluster profile loads with the pinned SLURM executor plugin (a dry run submits
+    nothing) and plans every stage."""
+    proc = subprocess.run([BIN / "snakemake", "--profile", "workflow/profiles/slurm", "-n"],
+                          cwd=REPO, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "executor: slurm" in out or "slurm" in out.lower()
+    for rule in ("download", "train", "evaluate", "report"):
+        assert f"rule {rule}:" in out, out[-2000:]

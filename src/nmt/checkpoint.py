@@ -34,7 +34,8 @@ def save(path: Path, model: torch.nn.Module, *, name: str, recipe: str, cfg, src
     buffer = io.BytesIO()
     torch.save({"model": name, "recipe": recipe, "model_config": asdict(cfg),
                 "src_vocab_size": src_vocab_size, "tgt_vocab_size": tgt_vocab_size,
-                "params": params, "state_dict": state, **extra}, buffer)
+                "params": json.loads(json.dumps(params)),  # plain dicts: weights_only loads it
+                "state_dict": state, **extra}, buffer)
     with atomic_path(path) as tmp:
         tmp.write_bytes(buffer.getvalue())
 

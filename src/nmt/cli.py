@@ -65,7 +65,7 @@ def cmd_evaluate(args, params):
 def cmd_translate(args, params):
     from nmt.translate import translate_cli
 
-    translate_cli(args)
+    translate_cli(args, params)
 
 
 def cmd_report(args, params):

@@ -500,6 +500,10 @@ def write_tables(inp: Inputs, out: Path) -> None:
         metrics.setdefault(r.recipe, {}).setdefault(r.model, {})[r.testset] = {
             "loss": r.loss, "bleu": r.bleu, "chrf": r.chrf}
     write_json(out / "metrics.json", metrics)
+    curves = pd.concat([r["history"][["epoch", "train_loss", "valid_loss"]].assign(run=run.name)
+                        for run, r in inp.runs.items()])
+    with atomic_path(out / "curves.csv") as tmp:  # `dvc plots show`: one chart, all runs
+        curves.to_csv(tmp, index=False)
     write_json(out / "statistics.json", [
         {"recipe": recipe, "testset": testset, **c.to_dict()}
         for (recipe, _, testset), found in inp.comparisons.items() for c in found])

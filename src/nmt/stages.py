@@ -38,9 +38,14 @@ class Stage:
     cache: bool = True
     report: dict = field(default_factory=dict)  # output -> Snakemake --report category
 
-    def code_paths(self) -> list[str]:
-        """The modules it runs as repository paths (a folder for a package like models)."""
-        return [f"{CODE}/{c}" for c in self.code]
+    def code_paths(self, files: bool = False) -> list[str]:
+        """The modules it runs as repository paths: a package (models) is a folder for DVC,
+        which hashes its content, and its .py files for Snakemake, which compares times."""
+        paths = [f"{CODE}/{c}" for c in self.code]
+        if not files:
+            return paths
+        return [str(f) for p in paths for f in
+                (sorted(Path(p).rglob("*.py")) if Path(p).is_dir() else [Path(p)])]
 
 
 def load(path: Path = DECLARATION) -> dict[str, Stage]:
@@ -79,9 +84,9 @@ def dvc_stage(s: Stage) -> dict:
     if params:
         out["params"] = params
     opts = {} if s.cache else {"cache": False}
-    out["outs"] = [{dvc_text(o): opts} if opts else dvc_text(o) for o in s.outs]
+    out["outs"] = [{dvc_text(o): dict(opts)} if opts else dvc_text(o) for o in s.outs]
     if s.metrics:
-        out["metrics"] = [{dvc_text(m): opts} if opts else dvc_text(m) for m in s.metrics]
+        out["metrics"] = [{dvc_text(m): dict(opts)} if opts else dvc_text(m) for m in s.metrics]
     if s.plots:
         out["plots"] = [{dvc_text(p): {"x": "epoch", "y": "valid_loss"}} for p in s.plots]
     return out
@@ -93,9 +98,15 @@ HEADER = """\
 """
 
 
+# `dvc plots show` / `dvc plots diff`: the loss curves of every run on one chart each, from
+# the report's tidy reports/curves.csv, coloured by run (template .dvc/plots/by_run.json).
+PLOTS = [{f"{split} loss": {"x": "epoch", "y": {"reports/curves.csv": f"{split}_loss"},
+                            "template": "by_run"}} for split in ("valid", "train")]
+
+
 def render_dvc(path: Path = DECLARATION) -> str:
     stages = {name: dvc_stage(s) for name, s in load(path).items()}
-    body = yaml.safe_dump({"stages": stages}, sort_keys=False, width=100)
+    body = yaml.safe_dump({"stages": stages, "plots": PLOTS}, sort_keys=False, width=100)
     return HEADER + body
 
 
@@ -129,7 +140,7 @@ def snakemake_inputs(stage: Stage, stages: dict, lists: dict, bench: str) -> lis
         inside = [p for s in stages.values() if s is not stage
                   for p in produced(s, lists, bench) if p.startswith(f"{dep}/")]
         found += [dep] if own or not inside else inside
-    return stage.code_paths() + found
+    return stage.code_paths(files=True) + found
 
 
 def lookup(section: dict, key: str):

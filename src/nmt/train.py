@@ -78,7 +78,7 @@ def train(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir:
     def save(path, **extra):
         checkpoint.save(path, model, name=model_name, recipe=recipe, cfg=cfg,
                         src_vocab_size=len(src_codec), tgt_vocab_size=len(tgt_codec),
-                        params=params, n_params=n_params, **extra)
+                        params={"model": m, "train": t}, n_params=n_params, **extra)
 
     history, recent, best, stale = [], [], math.inf, 0
     for epoch in range(1, t["epochs"] + 1):

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from nmt.checkpoint import check_vocab, load
-from nmt.config import NmtError, Run
+from nmt.config import NmtError, Run, resolve
 from nmt.runtime import pick_device
 from nmt.search import DecodeConfig, translate_batches
 from nmt.text import tokenize_lines
@@ -100,13 +100,17 @@ def encode_lines(lines: list[str], src_codec, max_len: int) -> list[list[int] | 
     return out
 
 
-def translate_cli(args) -> None:
+def translate_cli(args, params: dict) -> None:
     path, run = checkpoint_path(args)
     model, ckpt = load(path, pick_device(args.device), expect=run)
     vocab_dir = Path(args.vocab) / ckpt["recipe"]
     src_codec, tgt_codec = load_codecs(vocab_dir)
     check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)
-    ev, max_len = ckpt["params"]["evaluate"], ckpt["model_config"]["max_len"]
+    # Decoding settings come from params.yaml (the checkpoint's recipe there), not from the
+    # checkpoint: training does not depend on them, so checkpoints do not record them.
+    ev = resolve(params, ckpt["recipe"])["evaluate"] if ckpt["recipe"] in params["recipes"] \
+        else params["evaluate"]
+    max_len = ckpt["model_config"]["max_len"]
     beam = ev["beam_size"] if args.beam is None else args.beam
     if beam < 1:
         raise NmtError(f"--beam {beam}: a beam holds at least one hypothesis "

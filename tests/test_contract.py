@@ -1,0 +1,260 @@
+"""The stage contract is kept: workflow/stages.yaml declares what every stage reads and runs,
+and both orchestrators re-run exactly the stages a change touches.
+
+- dvc.yaml is the rendering of the declaration (no hand edits drift from it);
+- every stage, run at tiny size under both tools, read no params key and imported no module
+  it does not declare (NMT_TRACK_READS records them; see nmt.cli);
+- changing any one params key (or any one module) in a completed tiny pipeline makes
+  `dvc status` name exactly the stages that declare it, and `snakemake -n` exactly those and
+  what depends on them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from nmt import stages
+from nmt.cli import main
+from nmt.config import NmtError, load_params, resolve
+from tiny import run
+
+pytestmark = pytest.mark.slow
+STAGES = stages.load(REPO / stages.DECLARATION)
+
+
+def test_dvc_yaml_is_rendered_from_the_declaration():
+    assert (REPO / "dvc.yaml").read_text() == stages.render_dvc(REPO / stages.DECLARATION), \
+        "dvc.yaml is stale: run `nmt stages --write`"
+
+
+# ---- reads: what each stage used against what it declares ---------------------------------
+
+def leaves(tree, prefix="") -> set[str]:
+    """Dotted paths of every value in a nested mapping."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip(".")}
+    return set().union(*(leaves(v, f"{prefix}{k}.") for k, v in tree.items()))
+
+
+def under(keys: list[str], tree: dict) -> set[str]:
+    """Declared keys as leaf paths: a section stands for every key under it."""
+    out = set()
+    for k in keys:
+        out |= leaves(tree) if k == "params.yaml" else leaves(stages.lookup(tree, k), f"{k}.")
+    return out
+
+
+def module_names(modules: list[str]) -> set[str]:
+    """nmt.models.scratch.attention -> models; nmt.train -> train.py; nmt -> __init__.py."""
+    out = set()
+    for m in modules:
+        parts = m.split(".")[1:]
+        out.add("__init__.py" if not parts else parts[0] if parts[0] == "models"
+                else parts[0] + ".py")
+    return out
+
+
+@pytest.mark.parametrize("tool", ["dvc_run", "snakemake_run"])
+def test_every_stage_declares_what_it_reads(tool, request):
+    root = request.getfixturevalue(tool)
+    params = load_params(root / "params.yaml")
+    seen, unused = set(), []
+    for line in map(json.loads, (root / "reads.jsonl").read_text().splitlines()):
+        stage = STAGES[line["stage"]]
+        seen.add(stage.name)
+        assert module_names(line["modules"]) <= set(stage.code), \
+            f"{stage.name} runs modules it does not declare"
+        assert set(line["params"]) <= under(stage.params, params), \
+            f"{stage.name} reads params.yaml keys it does not declare"
+        recipe_keys = stage.recipe_params + stage.bench_params
+        resolved = resolve(params, params["pipeline"]["recipes"][0])
+        assert set(line["recipe_params"]) <= under(recipe_keys, resolved), \
+            f"{stage.name} reads recipe keys it does not declare"
+        unused += [f"{stage.name}: {k}" for k in sorted(
+            under(stage.params, params) - set(line["params"]) if "params.yaml"
+            not in stage.params else ())]
+    assert seen == set(STAGES), "a stage never ran"
+    print("declared, never read:", *sorted(set(unused)), sep="\n  ")
+
+
+# ---- re-runs: one change at a time in a completed pipeline ---------------------------------
+
+def jobs(params: dict) -> dict[str, tuple[stages.Stage, dict]]:
+    """Every job of the pipeline by DVC's name (train@published-scratch-0)."""
+    p, out = params["pipeline"], {}
+    lists = {d: p[f"{d}s"] for d in stages.DIMENSIONS}
+    for s in STAGES.values():
+        for combo in itertools.product(*(lists[d] for d in s.per)):
+            values = dict(zip(s.per, combo, strict=True))
+            name = s.name + ("@" + "-".join(map(str, combo)) if combo else "")
+            out[name] = (s, values)
+    return out
+
+
+def downstream(direct: set[str], params: dict) -> set[str]:
+    """direct and every job that reads what they write (Snakemake's view of a change)."""
+    bench, lists = params["bench"]["recipe"], {d: params["pipeline"][f"{d}s"]
+                                               for d in stages.DIMENSIONS}
+    all_jobs = jobs(params)
+
+    def files(job, kind):
+        s, v = all_jobs[job]
+        if kind == "outs":
+            paths = [stages.fill(o, bench) for o in s.outs + s.metrics + s.plots]
+        else:
+            paths = stages.snakemake_inputs(s, STAGES, lists, bench)
+        return {p.format(**v) for p in paths}
+
+    found, todo = set(direct), list(direct)
+    while todo:
+        made = files(todo.pop(), "outs")
+        for job in all_jobs:
+            if job not in found and files(job, "deps") & made:
+                found.add(job)
+                todo.append(job)
+    return found
+
+
+def expected(key: str, old: dict, new: dict) -> set[str]:
+    """The jobs that declare key: in params.yaml, or in a recipe whose value changed."""
+    hits = set()
+    for name, (s, v) in jobs(new).items():
+        if key in under(s.params, old) or "params.yaml" in s.params:
+            hits.add(name)
+        for keys, recipe in ((s.recipe_params, v.get("recipe")),
+                             (s.bench_params, new["bench"]["recipe"])):
+            if recipe and key in under(keys, resolve(old, recipe)):
+                before = leaf_or_none(resolve(old, recipe), key)
+                if before != leaf_or_none(resolve(new, recipe), key):
+                    hits.add(name)
+    return {h for h in hits if not h.startswith("config@")}
+
+
+def leaf_or_none(tree, key):
+    try:
+        return stages.lookup(tree, key)
+    except KeyError:
+        return None
+
+
+def candidates(key: str, value):
+    """New values to try for a key, first valid wins."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1, value * 2, value - 1]
+    if isinstance(value, float):
+        return [value * 0.5, round(value + 0.1, 6)]
+    if isinstance(value, list):
+        return [list(reversed(value)), [v * 1.01 if isinstance(v, float) else v for v in value]]
+    special = {"vocab.kind": ["bpe"], "train.batch_by": ["tokens"], "train.device": ["cpu"],
+               "model.attention": ["causal"]}
+    return special.get(key, [value + "x"])
+
+
+def with_value(params: dict, key: str, value) -> dict:
+    out = json.loads(json.dumps(params))
+    *path, last = key.split(".")
+    stages.lookup(out, ".".join(path))[last] = value
+    return out
+
+
+def dvc_changed(root: Path) -> set[str]:
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        return {name for name in repo.status() if not name.startswith("config@")}
+
+
+def snakemake_jobs(root: Path) -> set[str]:
+    """The jobs a dry run would run, named as DVC names them."""
+    out = run(["snakemake", "-n", "--cores", "2"], root)
+    found, rule = set(), None
+    for line in out.splitlines():
+        if m := re.match(r"^(?:local)?rule (\w+):$", line):
+            rule = m.group(1)
+            found.add(rule)
+        elif (m := re.match(r"^\s+wildcards: (.*)$", line)) and rule:
+            values = dict(kv.split("=") for kv in m.group(1).split(", "))
+            found.discard(rule)
+            found.add(rule + "@" + "-".join(values[d] for d in STAGES[rule].per))
+    return found - {"all", "default"}
+
+
+def resolve_recipes(root: Path, params_file: Path, recipes: list[str]) -> None:
+    """What `dvc repro config` does, in process: params/<recipe>.yaml of every recipe."""
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        for r in recipes:
+            assert main(["-q", "--params", str(params_file), "config", "--recipe", r]) == 0
+    finally:
+        os.chdir(cwd)
+
+
+SKIP = {"pipeline.recipes", "pipeline.models", "pipeline.seeds", "bench.recipe"}  # add runs
+
+
+def test_a_changed_key_reruns_exactly_the_stages_that_declare_it(dvc_run, snakemake_run):
+    original = {root: (root / "params.yaml").read_text() for root in (dvc_run, snakemake_run)}
+    old = load_params(dvc_run / "params.yaml")
+    recipes, problems, tried = old["pipeline"]["recipes"], [], []
+    for key in sorted(leaves(old) - SKIP - {k for k in leaves(old) if k.startswith("recipes.")}):
+        for value in candidates(key, stages.lookup(old, key)):
+            new = with_value(old, key, value)
+            try:
+                (dvc_run / "params.yaml").write_text(yaml.safe_dump(new, sort_keys=False))
+                load_params(dvc_run / "params.yaml")
+                break
+            except NmtError:
+                continue
+        else:
+            problems.append(f"{key}: no valid change found")
+            continue
+        tried.append(key)
+        (snakemake_run / "params.yaml").write_text(yaml.safe_dump(new, sort_keys=False))
+        resolve_recipes(dvc_run, dvc_run / "params.yaml", recipes)
+        want = expected(key, old, new)
+        got_dvc, got_smk = dvc_changed(dvc_run), snakemake_jobs(snakemake_run)
+        if got_dvc != want:
+            problems.append(f"{key}: dvc status {sorted(got_dvc ^ want)} differ")
+        if got_smk != downstream(want, new):
+            problems.append(f"{key}: snakemake -n {sorted(got_smk ^ downstream(want, new))}")
+        for root, text in original.items():
+            (root / "params.yaml").write_text(text)
+        resolve_recipes(dvc_run, dvc_run / "params.yaml", recipes)
+    assert not problems, "\n".join(problems)
+    assert len(tried) > 40
+
+
+def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakemake_run):
+    params = load_params(dvc_run / "params.yaml")
+    problems = []
+    modules = sorted({c for s in STAGES.values() for c in s.code})
+    for code in modules:
+        rel = f"src/nmt/{code}" + ("/__init__.py" if "." not in code else "")
+        saved = {root: ((root / rel).read_bytes(), (root / rel).stat()) for root in
+                 (dvc_run, snakemake_run)}
+        for root in saved:
+            with open(root / rel, "a") as f:
+                f.write("\n# a change\n")
+        want = {name for name, (s, _) in jobs(params).items() if code in s.code}
+        got_dvc, got_smk = dvc_changed(dvc_run), snakemake_jobs(snakemake_run)
+        if got_dvc != want:
+            problems.append(f"{code}: dvc status {sorted(got_dvc ^ want)}")
+        if got_smk != downstream(want, params):
+            problems.append(f"{code}: snakemake -n {sorted(got_smk ^ downstream(want, params))}")
+        for root, (data, st) in saved.items():
+            (root / rel).write_bytes(data)
+            os.utime(root / rel, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert not problems, "\n".join(problems)
+    shutil.rmtree(dvc_run / ".dvc" / "tmp", ignore_errors=True)
