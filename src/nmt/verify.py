@@ -400,32 +400,34 @@ def decoder_only_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: i
                        "max_abs_diff": float(diff), "tolerance": tolerance,
                        "seconds": round(time.perf_counter() - start, 3)})
 
-    with torch.random.fork_rng(devices=[]):
+    def count_diff():
+        want = decoder_only_param_count(cfg, src_vocab_size, tgt_vocab_size)
+        return abs(n_params(model) - want)
+
+    f64 = TOLERANCE[torch.float64]
+    with torch.random.fork_rng(devices=[]):  # seeded weights and LayerNorm inputs
         torch.manual_seed(seed)
-        model = build_model("decoder_only", cfg, src_vocab_size, tgt_vocab_size, pad_id)
-    model.eval()
-    check("parameter count", 0.0, lambda: abs(n_params(model) - decoder_only_param_count(
-        cfg, src_vocab_size, tgt_vocab_size)))
-    check("output shapes", 0.0, decoder_only_shape_mismatches, model, src, tgt_in,
-          tgt_vocab_size)
-    model.double()
-    check("LayerNorm = nn.LayerNorm (float64)", LAYER_NORM_TOLERANCE, layer_norm_diff, model,
-          src, tgt_in)
-    check("causality (float64)", CAUSALITY_TOLERANCE, causality_diff, model, src, tgt_in)
-    check("source reaches every target position (float64)", 0.0, unreached_targets, model,
-          src, tgt_in, pad_id)
-    if cfg.attention == "prefix":
-        check("prefix: source sees later source (float64)", 0.0, prefix_unreached, model,
-              src, tgt_in, pad_id)
-    else:
-        check("causal: source sees no later source (float64)", CAUSALITY_TOLERANCE,
-              causal_source_diff, model, src, tgt_in, pad_id)
-    check("kv-cache decoding (float64)", TOLERANCE[torch.float64], cached_decoding_diff, model,
-          src, tgt_in)
-    check("padding changes nothing (float64)", TOLERANCE[torch.float64], padding_diff, model,
-          src, tgt_in, pad_id)
-    check("fused vs math attention (float64)", FUSED_TOLERANCE[torch.float64],
-          fused_math_diff, model, src, tgt)
+        model = build_model("decoder_only", cfg, src_vocab_size, tgt_vocab_size, pad_id).eval()
+        check("parameter count", 0.0, count_diff)
+        check("output shapes", 0.0, decoder_only_shape_mismatches, model, src, tgt_in,
+              tgt_vocab_size)
+        model.double()
+        check("LayerNorm = nn.LayerNorm (float64)", LAYER_NORM_TOLERANCE, layer_norm_diff,
+              model, src, tgt_in)
+        check("causality (float64)", CAUSALITY_TOLERANCE, causality_diff, model, src, tgt_in)
+        check("source reaches every target position (float64)", 0.0, unreached_targets,
+              model, src, tgt_in, pad_id)
+        if cfg.attention == "prefix":
+            check("prefix: source sees later source (float64)", 0.0, prefix_unreached, model,
+                  src, tgt_in, pad_id)
+        else:
+            check("causal: source sees no later source (float64)", CAUSALITY_TOLERANCE,
+                  causal_source_diff, model, src, tgt_in, pad_id)
+        check("kv-cache decoding (float64)", f64, cached_decoding_diff, model, src, tgt_in)
+        check("padding changes nothing (float64)", f64, padding_diff, model, src, tgt_in,
+              pad_id)
+        check("fused vs math attention (float64)", FUSED_TOLERANCE[torch.float64],
+              fused_math_diff, model, src, tgt)
     return checks
 
 
