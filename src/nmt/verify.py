@@ -311,7 +311,7 @@ def causality_diff(model, src, tgt_in) -> float:
     T, diffs = tgt_in.size(1), []
     with torch.no_grad():
         base = model(src, tgt_in)
-        for t in sorted({1, T // 2, T - 1}):
+        for t in sorted({1, T - 1}):  # position 0 alone, and all but the last
             changed = tgt_in.clone()
             changed[:, t] = other_token(tgt_in[:, t])
             diffs.append(max_abs_diff(model(src, changed)[:, :t], base[:, :t]))
@@ -325,10 +325,10 @@ def source_change(model, src, tgt_in, pad_id: int):
     last = (src != pad_id).sum(dim=1) - 2  # the word before <eos>
     changed = src.clone()
     changed[torch.arange(B), last] = other_token(src[torch.arange(B), last])
-    with torch.no_grad():
-        logit_change = (model(changed, tgt_in) - model(src, tgt_in)).abs().amax(-1)
-        state_change = (model.states(changed, tgt_in)[0][:, :S]
-                        - model.states(src, tgt_in)[0][:, :S]).abs().amax(-1)
+    with torch.no_grad():  # final states of [source | target] and the target's logits
+        (before, _, _), (after, _, _) = model.states(src, tgt_in), model.states(changed, tgt_in)
+        logit_change = (model.head(after[:, S:]) - model.head(before[:, S:])).abs().amax(-1)
+        state_change = (after[:, :S] - before[:, :S]).abs().amax(-1)
     earlier = torch.arange(S)[None, :] < last[:, None]  # (B, S), all real tokens
     return logit_change, state_change, earlier
 
