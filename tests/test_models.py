@@ -1,4 +1,7 @@
-"""The two models: configuration, interface, weight mapping, incremental decoding, masks."""
+"""The models: configuration, interface, weight mapping, incremental decoding, masks.
+
+The interface tests run on all three models; the mapping and equivalence tests on the two
+encoder-decoders (the decoder-only model has its own tests in test_decoder_only.py)."""
 
 import dataclasses
 import math
@@ -15,6 +18,7 @@ SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhea
                     dim_feedforward=64, dropout=0.1, max_len=64)
 pytestmark = pytest.mark.usefixtures("one_thread")
 SRC_V, TGT_V, PAD = 50, 40, 1
+ENCODER_DECODERS = ("baseline", "scratch")
 
 
 
@@ -39,6 +43,14 @@ def pair(cfg=SMALL, dtype=torch.float64, src_v=SRC_V, tgt_v=TGT_V):
     return baseline.to(dtype).eval(), scratch.to(dtype).eval()
 
 
+def model_named(name, dtype=torch.float64):
+    """pair()'s baseline or scratch, or a seeded decoder_only model; eval mode."""
+    if name in ENCODER_DECODERS:
+        return pair(dtype=dtype)[ENCODER_DECODERS.index(name)]
+    torch.manual_seed(0)
+    return build_model(name, SMALL, SRC_V, TGT_V, PAD).to(dtype).eval()
+
+
 def n_params(model):
     return sum(p.numel() for p in model.parameters())
 
@@ -57,7 +69,7 @@ def test_config_validation():
 
 
 def test_build_model_names():
-    assert MODEL_NAMES == ("baseline", "scratch")
+    assert MODEL_NAMES == ("baseline", "scratch", "decoder_only")
     for name in MODEL_NAMES:
         assert isinstance(build_model(name, SMALL, SRC_V, TGT_V), nn.Module)
     with pytest.raises(ValueError, match="unknown model"):
@@ -65,9 +77,13 @@ def test_build_model_names():
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_tie_embeddings(name):
+def test_tie_embeddings_needs_one_vocabulary(name):
     with pytest.raises(ValueError, match="shared vocabulary"):
         build_model(name, dataclasses.replace(SMALL, tie_embeddings=True), SRC_V, TGT_V)
+
+
+@pytest.mark.parametrize("name", ENCODER_DECODERS)
+def test_tie_embeddings(name):
     untied = build_model(name, SMALL, SRC_V, SRC_V)
     tied = build_model(name, dataclasses.replace(SMALL, tie_embeddings=True), SRC_V, SRC_V)
     assert n_params(untied) - n_params(tied) == 2 * SRC_V * SMALL.d_model
@@ -95,10 +111,13 @@ def test_interface_shapes(name):
     with torch.no_grad():
         assert model(src, tgt).shape == (B, T, TGT_V)
         memory = model.encode(src)
-        assert memory.shape == (B, S, SMALL.d_model)
-        assert model.decode(tgt, memory, src).shape == (B, T, TGT_V)
         cache = model.init_cache(memory, src)
         assert model.decode_step(cache, tgt[:, 0]).shape == (B, TGT_V)
+        cross = model.attention_maps(src, tgt)["decoder_cross"]  # what evaluate draws
+        assert all(w.shape == (B, SMALL.nhead, T, S) for w in cross) and cross
+        if name in ENCODER_DECODERS:
+            assert memory.shape == (B, S, SMALL.d_model)
+            assert model.decode(tgt, memory, src).shape == (B, T, TGT_V)
 
 
 def test_same_parameter_count_and_init_distribution():
@@ -149,13 +168,13 @@ def test_scratch_equals_baseline(fastpath):
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_decode_step_equals_decode(name, dtype, atol):
-    """Step-by-step logits equal the full decode at every position (padded src and tgt)."""
-    model = pair(dtype=dtype)[MODEL_NAMES.index(name)]
+def test_decode_step_equals_forward(name, dtype, atol):
+    """Step-by-step logits equal the full forward at every position (padded src and tgt)."""
+    model = model_named(name, dtype)
     src, tgt = padded_batch()
     with torch.no_grad():
         memory = model.encode(src)
-        full = model.decode(tgt, memory, src)  # (B, T, V)
+        full = model(src, tgt)  # (B, T, V)
         cache = model.init_cache(memory, src)
         for t in range(tgt.size(1)):
             torch.testing.assert_close(model.decode_step(cache, tgt[:, t]), full[:, t],
@@ -165,7 +184,7 @@ def test_decode_step_equals_decode(name, dtype, atol):
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_cache_reorder(name):
     """After reorder(index), stepping on continues the selected rows (rows may repeat)."""
-    model = pair()[MODEL_NAMES.index(name)]
+    model = model_named(name)
     src, tgt = padded_batch()
     index = torch.tensor([2, 0, 2, 1])
     with torch.no_grad():
@@ -224,7 +243,7 @@ def test_fused_equals_math(dtype, atol):
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_extra_padding_changes_nothing(name):
     """More pad columns after source and target leave every existing logit as it was."""
-    model = pair()[MODEL_NAMES.index(name)]
+    model = model_named(name)
     src, tgt = padded_batch()
     B, T = tgt.shape
     with torch.no_grad():

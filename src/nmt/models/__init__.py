@@ -1,18 +1,24 @@
 """The models behind one interface: build_model(name, cfg, src_vocab_size, tgt_vocab_size).
 
+Two encoder-decoders (baseline: torch.nn.Transformer; scratch: the same written by hand) and a
+decoder-only translator (decoder_only: one stack over <bos> source <eos> <sep> target).
+
 Every model takes src (B, S) and tgt_in (B, T) token ids and derives its masks from pad_id:
-forward -> logits (B, T, V); encode(src) -> memory; init_cache(memory, src) and
-decode_step(cache, tokens (B,)) -> logits (B, V) for search, with cache.reorder(index) for
-beam search; attention_maps(src, tgt_in) -> per-head weights of every layer.
+forward -> logits (B, T, V); encode(src) -> memory (what the model's cache starts from);
+init_cache(memory, src) and decode_step(cache, tokens (B,)) -> logits (B, V) for search, with
+cache.reorder(index) for beam search; attention_maps(src, tgt_in) -> per-head weights of every
+layer, with at least "decoder_cross": (B, H, T, S) per layer, target queries over the source.
 """
 
 import torch.nn as nn
 
 from nmt.config import ModelConfig
 from nmt.models.baseline import BaselineTransformer
+from nmt.models.decoder_only import DecoderOnlyTransformer
 from nmt.models.scratch import ScratchTransformer
 
-MODELS = {"baseline": BaselineTransformer, "scratch": ScratchTransformer}
+MODELS = {"baseline": BaselineTransformer, "scratch": ScratchTransformer,
+          "decoder_only": DecoderOnlyTransformer}
 MODEL_NAMES = tuple(MODELS)
 
 
@@ -27,5 +33,5 @@ def build_model(name: str, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size
     return MODELS[name](cfg, src_vocab_size, tgt_vocab_size, pad_id=pad_id)
 
 
-__all__ = ["MODELS", "MODEL_NAMES", "BaselineTransformer", "ModelConfig", "ScratchTransformer",
-           "build_model"]
+__all__ = ["MODELS", "MODEL_NAMES", "BaselineTransformer", "DecoderOnlyTransformer", "ModelConfig",
+           "ScratchTransformer", "build_model"]
