@@ -21,7 +21,7 @@ from nmt.models.decoder_only import (
 from nmt.models.decoder_only import block as block_module
 from nmt.models.decoder_only import model as model_module
 from nmt.runtime import token_loss
-from nmt.search import output_limits, translate_batches
+from nmt.search import DecodeConfig, output_limits, translate_batches
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
 
 CFG = ModelConfig(num_encoder_layers=1, num_decoder_layers=1, d_model=32, nhead=4,
@@ -254,12 +254,12 @@ def test_search_through_translate_batches(cfg):
     with torch.no_grad():
         model.embed.token.weight[model.embed.tgt_offset + EOS_ID] *= 3
     srcs = sources(7, SRC_V)
-    kw = {"max_len_a": 1.0, "max_len_b": 3, "progress": False}
-    greedy = translate_batches(model, srcs, 3, "greedy", **kw)
+    kw = {"max_len_a": 1.0, "max_len_b": 3}
+    greedy = translate_batches(model, srcs, DecodeConfig("greedy", batch_size=3, **kw))
     limits = output_limits([len(s) - 2 for s in srcs], 1.0, 3)
     assert greedy == [uncached_greedy(model, s, n) for s, n in zip(srcs, limits, strict=True)]
-    assert translate_batches(model, srcs, 4, "beam", beam_size=1, **kw) == greedy
-    beam = translate_batches(model, srcs, 3, "beam", beam_size=4, **kw)
+    assert translate_batches(model, srcs, DecodeConfig("beam", 1, batch_size=4, **kw)) == greedy
+    beam = translate_batches(model, srcs, DecodeConfig("beam", 4, batch_size=3, **kw))
     assert all(len(h) <= n and all(4 <= t < v for t in h)
                for h, n in zip(beam, limits, strict=True))
 

@@ -304,3 +304,7 @@ class Tracked(dict):
     def plain(self) -> dict:
         """The data without recording reads."""
         return copy.deepcopy(dict(super().items()))
+
+
+# yaml.safe_dump of a tracked section writes (and so reads) every key under it.
+yaml.SafeDumper.add_representer(Tracked, lambda dumper, data: dumper.represent_dict(data.items()))
