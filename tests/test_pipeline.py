@@ -40,3 +40,26 @@ def test_both_orchestrators_give_the_same_numbers(dvc_run, snakemake_run):
         for path in (dvc_run / "results" / name / "translations").iterdir():
             twin = snakemake_run / "results" / name / "translations" / path.name
             assert path.read_text() == twin.read_text(), path
+
+
+def test_the_orchestrators_own_reports(dvc_run, snakemake_run, tmp_path):
+    """Snakemake's HTML report holds the results table; dvc plots draws every run's curves."""
+    run(["snakemake", "--report", str(tmp_path / "snakemake.html")], snakemake_run)
+    html = (tmp_path / "snakemake.html").read_text(errors="replace")
+    assert "results_summary.csv" in html and "loss.png" in html
+    run(["dvc", "plots", "show", "-o", str(tmp_path / "plots")], dvc_run)
+    page = (tmp_path / "plots" / "index.html").read_text()
+    assert "valid loss" in page and "published-scratch-s0" in page
+
+
+def test_dvc_experiments(dvc_run):
+    """`dvc exp run -S` and `dvc exp show` work on the pipeline. Runs last: it changes the copy
+    that the contract tests (tests/test_contract.py, earlier in the session) read."""
+    run(["git", "add", "-A"], dvc_run)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny run"],
+        dvc_run)
+    out = run(["dvc", "exp", "run", "-S", "train.epochs=2"], dvc_run)
+    assert "Running stage 'train@published-scratch-0'" in out
+    assert "Running stage 'vocab@published'" not in out  # epochs reach training, not data
+    shown = run(["dvc", "exp", "show", "--csv"], dvc_run)
+    assert "train.epochs" in shown and "bleu" in shown

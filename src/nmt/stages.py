@@ -111,12 +111,9 @@ def render_dvc(path: Path = DECLARATION) -> str:
 
 
 # Snakemake's view of the declaration (workflow/Snakefile calls these at parse time).
-def fill(text: str, bench: str, shell: bool = False) -> str:
-    """{bench} is bench.recipe; in shell commands {recipe} becomes {wildcards.recipe}."""
-    text = text.replace("{bench}", bench)
-    for d in DIMENSIONS if shell else ():
-        text = text.replace(f"{{{d}}}", f"{{wildcards.{d}}}")
-    return text
+def fill(text: str, bench: str) -> str:
+    """{bench} is bench.recipe."""
+    return text.replace("{bench}", bench)
 
 
 def expand_runs(path: str, per: list, lists: dict) -> list[str]:
