@@ -73,3 +73,25 @@ def test_recipe_overrides_merge_over_the_defaults(params_file):
     assert resolve(params, "published")["model"]["d_model"] == 512
     with pytest.raises(NmtError, match="unknown recipe 'large'"):
         resolve(params, "large")
+
+
+def test_every_entry_point_gives_the_same_one_line(tmp_path):
+    """nmt, Snakemake and DVC (whose config stage re-runs on any edit) name a bad key alike."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    for rel in files:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tmp_path / rel, follow_symlinks=False)
+    edit_params(tmp_path / "params.yaml", train={"epohcs": 3})
+    bin_ = Path(sys.executable).parent
+    want = "params.yaml: train: unknown key 'epohcs' (fix: remove it;"
+    for cmd in (["nmt", "download"], ["snakemake", "-n"], ["nmt", "config", "--recipe", "tuned"]):
+        proc = subprocess.run([str(bin_ / cmd[0]), *cmd[1:]], cwd=tmp_path, capture_output=True,
+                              text=True)
+        errors = [line for line in proc.stderr.splitlines() if "error" in line]
+        assert proc.returncode != 0 and len(errors) == 1 and want in errors[0], proc.stderr
