@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,10 +16,18 @@ def save(path: Path, model: torch.nn.Module, *, name: str, recipe: str, cfg, src
          tgt_vocab_size: int, params: dict, **extra) -> None:
     """Write atomically; plain types and tensors only, so it loads with weights_only=True."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    write_torch(path, {"model": name, "recipe": recipe, "model_config": asdict(cfg),
+                       "src_vocab_size": src_vocab_size, "tgt_vocab_size": tgt_vocab_size,
+                       "params": params, "state_dict": state, **extra})
+
+
+def write_torch(path: Path, obj) -> None:
+    """torch.save to memory, then write the bytes atomically: equal objects give equal files
+    (saved straight to a file, the archive records the temporary file's random name)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
     with atomic_path(path) as tmp:
-        torch.save({"model": name, "recipe": recipe, "model_config": asdict(cfg),
-                    "src_vocab_size": src_vocab_size, "tgt_vocab_size": tgt_vocab_size,
-                    "params": params, "state_dict": state, **extra}, tmp)
+        tmp.write_bytes(buf.getvalue())
 
 
 def load(path: Path, device: torch.device | str = "cpu"):
