@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,9 +15,9 @@ from nmt import checkpoint
 from nmt.config import NmtError, Run
 from nmt.data import Batches, load_pairs
 from nmt.runtime import corpus_loss
-from nmt.train import lr_factor, train
+from nmt.train import long_run_note, lr_factor, train
 from nmt.vocab import load_codecs
-from train_helpers import tiny_data, tiny_params
+from train_helpers import nmt_process, params_file, tiny_data, tiny_params, train_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 RUN = Run("published", "scratch", 0)
@@ -120,3 +122,38 @@ def test_misaligned_split_is_one_error_line(data, tmp_path):
     msg = str(err.value)
     assert "\n" not in msg and "val.de.tok has 60 lines but" in msg and "has 58" in msg
     assert "fix: re-run nmt tokenize" in msg
+
+
+def unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not unshare_works(), reason="needs unshare -rm (a private mount namespace)")
+@pytest.mark.parametrize("mount, cause", [
+    ("ro,size=1m", "cannot write to {run}: Read-only file system (fix: make it writable"),
+    ("size=64k", "{run}: 0.1 MB free on its disk, training needs about 12.9 MB for its resume "
+                 "state and checkpoints (fix: free disk space"),
+])
+def test_unwritable_or_full_results_folder_is_one_line(data, tmp_path, mount, cause):
+    """A real read-only and a real nearly full file system (tmpfs in a private namespace)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    argv = train_argv(params_file(tmp_path), {**data, "results": results})
+    proc = nmt_process(argv, launcher=["unshare", "-rm", "sh", "-c",
+                                       f'mount -t tmpfs -o {mount} tmpfs {results} && exec "$@"',
+                                       "sh", sys.executable])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("nmt train: error: " + cause.format(run=RUN.dir(results))), last
+    assert "epoch 1" not in proc.stderr  # stopped before training
+
+
+def test_long_cpu_run_note():
+    assert long_run_note(0.5, 100, 15) is None  # 50 s an epoch, 12.5 min in all
+    note = long_run_note(2.0, 907, 15)
+    assert note.startswith("on the CPU this run takes about 30 min an epoch, 7.6 h for 15 "
+                           "epochs; for a quick run use a smaller recipe")
+    assert "make demo" in note and "data.max_train_pairs" in note

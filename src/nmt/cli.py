@@ -44,11 +44,16 @@ def cmd_verify(args, params):
 
 
 def cmd_train(args, params):
-    from nmt.train import train
+    from nmt.train import Stopped, train
 
     run = Run(args.recipe, args.model, args.seed)
-    train(resolve(params, args.recipe), run, args.tokenized, args.vocab / args.recipe,
-          run.dir(args.results))
+    try:
+        train(resolve(params, args.recipe), run, args.tokenized, args.vocab / args.recipe,
+              run.dir(args.results), restart=args.restart)
+    except Stopped as e:
+        if str(e):
+            print(f"nmt train: {e}", file=sys.stderr)
+        return e.code
 
 
 def cmd_evaluate(args, params):
@@ -120,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, help_ in (
         ("train", cmd_train,
          "Read data/tokenized and data/vocab/<recipe>, train one model and write "
-         "results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv, train.json."),
+         "results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv, train.json (when "
+         "training completes). An interrupted run (Ctrl-C, SIGTERM, a crash) keeps resume.pt "
+         "there; the same command continues it with the numbers an uninterrupted run gives."),
         ("evaluate", cmd_evaluate,
          "Read results/<recipe>-<model>-s<seed>/best.pt and the test sets, write metrics.json "
          "(loss, perplexity, BLEU greedy and beam, chrF), translations/ and attention.json (one "
@@ -133,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--tokenized", type=Path, default=TOKENIZED)
         s.add_argument("--vocab", type=Path, default=VOCAB)
         s.add_argument("--results", type=Path, default=RESULTS)
+        if name == "train":
+            s.add_argument("--restart", action="store_true",
+                           help="set aside a resume state (resume.pt) and train from scratch")
 
     s = stage("translate", cmd_translate,
               "Translate German sentences given as arguments, in --file, or on standard input, "
@@ -181,5 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"nmt {args.stage}: interrupted; no half-written output was kept", file=sys.stderr)
+        kept = "no half-written output was kept"
+        if args.stage == "train":  # the training loop itself answers Ctrl-C with its own line
+            state = Run(args.recipe, args.model, args.seed).dir(args.results) / "resume.pt"
+            kept = (f"outputs appear only when training completes; {state}, if there, is kept "
+                    "and the same nmt train command resumes from it")
+        print(f"nmt {args.stage}: interrupted; {kept}", file=sys.stderr)
         return 130

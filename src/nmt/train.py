@@ -1,10 +1,13 @@
 """Stage train: fit one model of one recipe; keep the best checkpoint by validation loss.
 
 Writes results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv (one row an epoch) and
-train.json (the summary the report reads), all four only when training completes.
+train.json (the summary the report reads), all four only when training completes. Until then
+the run lives in resume.pt (nmt/resume.py): `nmt train` again continues it where it stopped,
+with the numbers an uninterrupted run gives; SIGINT/SIGTERM stop after the current step.
 
-Reading order: `train` (the stage), `setup` (what a run trains with), `train_epoch` and `update`
-(the loop), `end_epoch` (validation, best, patience), `average_recent`, `write_outputs`.
+Reading order: `train` (the stage), `setup` (what a run trains with), `start` (fresh or
+resumed), `train_epoch` and `update` (the loop), `end_epoch` (validation, best, patience),
+`save_state`, `average_recent`, `write_outputs`.
 """
 
 from __future__ import annotations
@@ -13,14 +16,20 @@ import csv
 import io
 import logging
 import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from nmt import checkpoint
+from nmt import checkpoint, resume
 from nmt.config import ModelConfig, NmtError, Run
 from nmt.data import Batches, load_pairs
 from nmt.files import write_json, write_text
@@ -71,6 +80,10 @@ class Trainer:
     train_batches: Batches
     valid_batches: Batches
     vocab_sizes: tuple[int, int]
+    config: dict  # what a resume state must match (resume.config_key)
+    saved: str = ""  # where the last resume state written or found stands
+    last_save: float = field(default_factory=time.monotonic)
+    validations: int = 0  # validation passes of this process (for the test hook)
 
     @property
     def t(self) -> dict:
@@ -80,12 +93,20 @@ class Trainer:
     def n_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @property
+    def resume_path(self) -> Path:
+        return self.run_dir / resume.FILE
+
     def plan(self, epoch: int) -> list[list[int]]:
         """The micro-batches (index lists) epoch `epoch` (1-based) trains on, in order."""
         return self.train_batches.indices(epoch - 1)
 
     def updates_per_epoch(self) -> int:
         return math.ceil(len(self.plan(1)) / self.t["accumulate"])
+
+    def save_due(self) -> bool:
+        minutes = self.t["save_every_minutes"]
+        return minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
 
 
 @dataclass
@@ -109,18 +130,75 @@ class Progress:
         """Every epoch trained, or patience ran out."""
         return self.epoch > t["epochs"] or bool(t["patience"] and self.stale >= t["patience"])
 
+    def where(self, tr: Trainer) -> str:
+        return (f"epoch {self.epoch}, step {self.step} of "
+                f"{tr.updates_per_epoch() * tr.t['epochs']}")
 
-def train(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) -> dict:
-    """Train one (recipe, model, seed) run; returns the summary also written to train.json."""
+
+class Stopped(Exception):
+    """Training stopped by a signal with its resume state kept; `code` is the exit status."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class StopSignals:
+    """SIGINT and SIGTERM ask the loop to stop after the current step; a second Ctrl-C stops
+    at once (KeyboardInterrupt)."""
+
+    def __init__(self):
+        self.signum, self._old = 0, {}
+
+    def __enter__(self) -> StopSignals:
+        if threading_main():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
+        self.signum = signum
+        print(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving the "
+              "resume state (Ctrl-C again: stop at once)", file=sys.stderr, flush=True)
+
+
+def threading_main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def train(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path, *,
+          restart: bool = False) -> dict:
+    """Train one (recipe, model, seed) run; returns the summary also written to train.json.
+
+    Continues a matching resume state in run_dir unless `restart`; raises Stopped on a signal.
+    """
     tr = setup(params, run, tokenized_dir, vocab_dir, run_dir)
-    p = Progress()
-    while not p.done(tr.t):
-        train_epoch(tr, p)
-        end_epoch(tr, p)
+    check_room(tr.run_dir, tr.n_params, tr.t["average_last"])
+    p = start(tr, restart)
+    with StopSignals() as stop:
+        try:
+            while not p.done(tr.t):
+                if train_epoch(tr, p, stop):
+                    end_epoch(tr, p)
+                    save_state(tr, p)
+                if stop.signum:
+                    raise stopped(tr, p, stop.signum)
+        except KeyboardInterrupt:
+            raise Stopped(130, f"interrupted at once; {kept(tr)}") from None
     if not math.isfinite(p.best_loss):
         raise NmtError(f"{run.name}: the validation loss never became finite "
                        "(fix: lower train.lr or set train.clip_grad_norm)")
-    return write_outputs(tr, p, average_recent(tr, p))
+    summary = write_outputs(tr, p, average_recent(tr, p))
+    tr.resume_path.unlink(missing_ok=True)  # the stage is complete
+    return summary
 
 
 def setup(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) -> Trainer:
@@ -151,20 +229,126 @@ def setup(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir:
                          shuffle=True, seed=run.seed),
                  Batches(valid_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
                          shuffle=False),
-                 (len(src_codec), len(tgt_codec)))
+                 (len(src_codec), len(tgt_codec)),
+                 resume.config_key(params, run.name, run.seed, vocab_dir, 1))
     log.info("%s: %s parameters on %s", run.name, f"{tr.n_params:,}", device)
     return tr
 
 
-def train_epoch(tr: Trainer, p: Progress) -> None:
-    """Train the rest of epoch p.epoch, from micro-batch p.batch of its plan to the end."""
+def check_room(run_dir: Path, n_params: int, average_last: int) -> None:
+    """The run folder must take files, and its disk the resume state and checkpoints."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir) as f:
+            f.write(b"x")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise NmtError(f"cannot write to {run_dir}: {e.strerror} (fix: make it writable, or "
+                       "pass --results a writable folder)") from None
+    # float32 copies: weights, Adam's two moments, the best weights, the averaging window.
+    state = 4 * n_params * (4 + average_last)
+    need = 2 * state + 2 * 4 * n_params  # the old and the new resume state, best.pt, last.pt
+    here = run_dir / resume.FILE
+    need -= here.stat().st_size if here.exists() else 0
+    free = shutil.disk_usage(run_dir).free
+    if free < need:
+        raise NmtError(f"{run_dir}: {free / 1e6:.1f} MB free on its disk, training needs about "
+                       f"{need / 1e6:.1f} MB for its resume state and checkpoints (fix: free "
+                       "disk space, or pass --results a folder on a larger disk)")
+
+
+def start(tr: Trainer, restart: bool) -> Progress:
+    """A fresh Progress, or the one a matching resume state holds (weights, optimizer, lr
+    schedule and random generators restored with it)."""
+    resume.remove_temporaries(tr.run_dir, OUTPUTS + (resume.FILE,))
+    for name in OUTPUTS:  # an earlier run's outputs do not describe this one
+        (tr.run_dir / name).unlink(missing_ok=True)
+    path = tr.resume_path
+    if not path.exists():
+        return Progress()
+    if restart:
+        resume.set_aside(path, "--restart asks for a fresh start")
+        return Progress()
+    state, why = resume.read(path)
+    if state and state["config_hash"] != resume.config_hash(tr.config):
+        changed = resume.differences(state["config"], tr.config)
+        why = f"it was written with other settings (changed: {', '.join(changed[:4])})"
+    if not state or why:
+        resume.set_aside(path, why)
+        return Progress()
+    tr.model.load_state_dict(state["model"])
+    tr.optimizer.load_state_dict(state["optimizer"])
+    tr.scheduler.load_state_dict(state["scheduler"])
+    resume.set_rng_state(state["rng"][0], tr.device)
+    p = Progress(**state["progress"])
+    tr.saved = p.where(tr)
+    log.info("resuming from %s (batch %d of %d of the epoch), from %s", tr.saved, p.batch,
+             len(tr.plan(p.epoch)), path)
+    return p
+
+
+def save_state(tr: Trainer, p: Progress) -> None:
+    """Write the resume state: everything needed to continue exactly where the run stands."""
+    state = {"format": resume.FORMAT, "config": tr.config,
+             "config_hash": resume.config_hash(tr.config), "model": cpu_copy(tr.model),
+             "optimizer": tr.optimizer.state_dict(), "scheduler": tr.scheduler.state_dict(),
+             "rng": [resume.rng_state(tr.device)],
+             "progress": {f.name: getattr(p, f.name) for f in fields(Progress)}}
+    resume.write(tr.resume_path, state)
+    tr.saved, tr.last_save = p.where(tr), time.monotonic()
+
+
+def kept(tr: Trainer) -> str:
+    """What an interrupted run leaves, and how to go on (one line's end)."""
+    again = (f"`nmt train --recipe {tr.run.recipe} --model {tr.run.model} --seed {tr.run.seed}` "
+             "(same options) again")
+    if not tr.saved:
+        return f"no resume state was written yet; {again} starts afresh"
+    return (f"kept {tr.resume_path} ({tr.saved}); {again} resumes from there "
+            f"({', '.join(OUTPUTS)} appear when training completes)")
+
+
+def stopped(tr: Trainer, p: Progress, signum: int) -> Stopped:
+    name = signal.Signals(signum).name
+    return Stopped(128 + signum, f"stopped by {name} at {p.where(tr)}; {kept(tr)}")
+
+
+def long_run_note(seconds_per_update: float, updates_per_epoch: int, epochs: int) -> str | None:
+    """On CPU, a warning with the run's duration when it exceeds an hour, and how to shrink it."""
+    epoch = seconds_per_update * updates_per_epoch
+    if epoch * epochs <= 3600:
+        return None
+    return (f"on the CPU this run takes about {duration(epoch)} an epoch, "
+            f"{duration(epoch * epochs)} for {epochs} epochs; for a quick run use a smaller "
+            "recipe (e.g. the demo recipe: make demo) or fewer pairs (data.max_train_pairs)")
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def train_epoch(tr: Trainer, p: Progress, stop: StopSignals) -> bool:
+    """Train the rest of epoch p.epoch, from micro-batch p.batch of its plan on; False if a
+    signal stopped it first (its resume state then written)."""
     plan, k = tr.plan(p.epoch), tr.t["accumulate"]
+    total_updates = tr.updates_per_epoch() * tr.t["epochs"]
     tr.model.train()
-    start = time.perf_counter() - p.seconds
+    start, first_step = time.perf_counter() - p.seconds, p.step
+    session = time.perf_counter()
     loss_sum = torch.tensor(p.loss_sum, dtype=torch.float64, device=tr.device)
     tokens = torch.tensor(p.tokens, dtype=torch.long, device=tr.device)
     bar = tqdm(total=len(plan), initial=p.batch, desc=f"epoch {p.epoch}/{tr.t['epochs']}",
                unit="batch", leave=False)
+
+    def sync() -> None:  # the running sums into p (reading them waits for the GPU)
+        p.loss_sum, p.tokens = loss_sum.item(), int(tokens.item())
+        p.seconds = time.perf_counter() - start
+
     while p.batch < len(plan):
         group = plan[p.batch : p.batch + k]
         loss, n = update(tr, [tr.train_batches.batch(idx) for idx in group])
@@ -173,11 +357,24 @@ def train_epoch(tr: Trainer, p: Progress) -> None:
         p.batch += len(group)
         p.step += 1
         bar.update(len(group))
-        if p.step % 50 == 0:  # reading the loss syncs with the GPU: only now and then
-            bar.set_postfix(loss=f"{(loss_sum / tokens).item():.3f}")
+        resume.test_hook("step", p.step)
+        if stop.signum or tr.save_due():
+            sync()
+            save_state(tr, p)
+            if stop.signum:
+                bar.close()
+                return False
+        if (p.step - first_step) % 20 == 0:  # reading the loss syncs with the GPU: now and then
+            per_update = (time.perf_counter() - session) / (p.step - first_step)
+            bar.set_postfix(loss=f"{(loss_sum / tokens).item():.3f}",
+                            run_eta=duration(per_update * (total_updates - p.step)))
+            if p.step - first_step == 20 and tr.device.type == "cpu":  # timed its first steps
+                note = long_run_note(per_update, tr.updates_per_epoch(), tr.t["epochs"])
+                if note:
+                    log.warning(note)
     bar.close()
-    p.loss_sum, p.tokens = loss_sum.item(), int(tokens.item())
-    p.seconds = time.perf_counter() - start  # .item() above waited for the GPU
+    sync()
+    return True
 
 
 def update(tr: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor]]):
@@ -204,13 +401,16 @@ def update(tr: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor]]):
 def validate(tr: Trainer) -> float:
     """Per-token cross-entropy on the validation split (no label smoothing, no dropout)."""
     tr.model.eval()
+    tr.validations += 1
     total = torch.zeros((), dtype=torch.float64, device=tr.device)
     count = 0
-    for idx in tr.valid_batches.indices():
+    for i, idx in enumerate(tr.valid_batches.indices()):
         src, tgt = tr.valid_batches.batch(idx)
         loss, n = token_loss(tr.model, src, tgt, tr.device)
         total += loss
         count += int(n)
+        if i == 0:
+            resume.test_hook("valid", tr.validations)
     tr.model.train()
     return total.item() / count
 
