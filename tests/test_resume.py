@@ -88,7 +88,7 @@ def test_signal_stops_after_the_step_and_keeps_a_state(setup, tmp_path, caplog, 
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in run_dir.iterdir()) == ["resume.pt"]
     state = torch.load(run_dir / "resume.pt", weights_only=True)  # plain types and tensors
-    assert state["format"] == resume.FORMAT and len(state["rng"]) == 1
+    assert state["format"] == resume.FORMAT and len(state["ranks"]) == 1
     assert {"model", "optimizer", "scheduler", "config", "config_hash", "progress"} <= set(state)
     p = state["progress"]
     assert (p["epoch"], p["batch"], p["step"], len(p["history"]), len(p["recent"])) == (

@@ -44,16 +44,27 @@ def cmd_verify(args, params):
 
 
 def cmd_train(args, params):
+    from nmt.distributed import launch, under_torchrun
     from nmt.train import Stopped, train
 
-    run = Run(args.recipe, args.model, args.seed)
+    run, recipe = Run(args.recipe, args.model, args.seed), resolve(params, args.recipe)
+    if recipe["train"]["devices"] > 1 and not under_torchrun():
+        return launch(recipe["train"]["devices"], train_argv(args))
     try:
-        train(resolve(params, args.recipe), run, args.tokenized, args.vocab / args.recipe,
-              run.dir(args.results), restart=args.restart)
+        train(recipe, run, args.tokenized, args.vocab / args.recipe, run.dir(args.results),
+              restart=args.restart)
     except Stopped as e:
         if str(e):
             print(f"nmt train: {e}", file=sys.stderr)
         return e.code
+
+
+def train_argv(args) -> list[str]:
+    """This `nmt train` command line, for the processes torchrun starts."""
+    return (["--params", str(args.params)] + (["-q"] if args.quiet else []) +
+            ["train", "--recipe", args.recipe, "--model", args.model, "--seed", str(args.seed),
+             "--tokenized", str(args.tokenized), "--vocab", str(args.vocab),
+             "--results", str(args.results)] + (["--restart"] if args.restart else []))
 
 
 def cmd_evaluate(args, params):

@@ -8,10 +8,13 @@ Format (a dict):
     format          FORMAT (an int; another value is set aside like a changed configuration)
     config          what must match to continue (`config_key`), and config_hash its sha256
     model, optimizer, scheduler    their state_dicts
-    rng             one dict a rank: torch (CPU), cuda (or None), python (`random` state)
-    progress        nmt.train.Progress as a dict: epoch, batch (position in the epoch's
-                    micro-batch plan), step (optimizer updates), loss_sum, tokens, seconds,
-                    history, best_loss, best_epoch, best_state, stale, recent (averaging buffer)
+    ranks           one dict a process (rank order): rng {torch (CPU), cuda (or None),
+                    python (`random`)}, loss_sum and tokens of the epoch so far on that rank
+    progress        nmt.train.Progress as a dict (rank 0's): epoch, batch (position in the
+                    epoch's micro-batch plan of each rank), step (optimizer updates), loss_sum,
+                    tokens, seconds, history, best_loss, best_epoch, best_state, stale,
+                    recent (the averaging buffer)
+The batch order itself is not stored: it follows from (seed, epoch) (nmt.data.Batches).
 
 The test hook NMT_TEST_KILL_AT (see `test_hook`) is read here and nowhere else.
 """

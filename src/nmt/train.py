@@ -27,14 +27,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
-from nmt import checkpoint, resume
+from nmt import checkpoint, distributed, resume
 from nmt.config import ModelConfig, NmtError, Run
 from nmt.data import Batches, load_pairs
+from nmt.distributed import World
 from nmt.files import write_json, write_text
 from nmt.models import build_model
-from nmt.runtime import pick_device, seed_everything, token_loss
+from nmt.runtime import seed_everything, token_loss
 from nmt.vocab import PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.train")
@@ -71,10 +73,12 @@ class Trainer:
     run: Run
     params: dict  # the resolved recipe
     run_dir: Path
+    world: World  # this process's rank of how many (one process: 0 of 1)
     device: torch.device
     cfg: ModelConfig
     model: torch.nn.Module  # the weights
-    step_model: torch.nn.Module  # what a training step calls: the model, maybe compiled
+    ddp: torch.nn.Module  # the model, wrapped in DistributedDataParallel under torchrun
+    step_model: torch.nn.Module  # what a training step calls: ddp, maybe compiled
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     train_batches: Batches
@@ -97,9 +101,10 @@ class Trainer:
     def resume_path(self) -> Path:
         return self.run_dir / resume.FILE
 
-    def plan(self, epoch: int) -> list[list[int]]:
-        """The micro-batches (index lists) epoch `epoch` (1-based) trains on, in order."""
-        return self.train_batches.indices(epoch - 1)
+    def plan(self, epoch: int) -> list[tuple[list[int], bool]]:
+        """This rank's micro-batches of epoch `epoch` (1-based) as (indices, real), in order:
+        every world.size-th batch of the epoch's seeded order (distributed.shard)."""
+        return distributed.shard(self.train_batches.indices(epoch - 1), self.world)
 
     def updates_per_epoch(self) -> int:
         return math.ceil(len(self.plan(1)) / self.t["accumulate"])
@@ -145,10 +150,12 @@ class Stopped(Exception):
 
 class StopSignals:
     """SIGINT and SIGTERM ask the loop to stop after the current step; a second Ctrl-C stops
-    at once (KeyboardInterrupt)."""
+    at once (KeyboardInterrupt). Under torchrun a Ctrl-C arrives twice within a moment (from
+    the terminal, then passed on by torchrun): `echo` seconds after the first are ignored."""
 
-    def __init__(self):
-        self.signum, self._old = 0, {}
+    def __init__(self, echo: float = 0.0):
+        self.signum, self.echo, self._old = 0, echo, {}
+        self._first = 0.0
 
     def __enter__(self) -> StopSignals:
         if threading_main():
@@ -162,10 +169,10 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         if self.signum:
-            if signum == signal.SIGINT:
+            if signum == signal.SIGINT and time.monotonic() - self._first >= self.echo:
                 raise KeyboardInterrupt
             return
-        self.signum = signum
+        self.signum, self._first = signum, time.monotonic()
         print(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving the "
               "resume state (Ctrl-C again: stop at once)", file=sys.stderr, flush=True)
 
@@ -181,31 +188,49 @@ def train(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir:
     Continues a matching resume state in run_dir unless `restart`; raises Stopped on a signal.
     """
     tr = setup(params, run, tokenized_dir, vocab_dir, run_dir)
-    check_room(tr.run_dir, tr.n_params, tr.t["average_last"])
-    p = start(tr, restart)
-    with StopSignals() as stop:
-        try:
-            while not p.done(tr.t):
-                if train_epoch(tr, p, stop):
-                    end_epoch(tr, p)
-                    save_state(tr, p)
-                if stop.signum:
-                    raise stopped(tr, p, stop.signum)
-        except KeyboardInterrupt:
-            raise Stopped(130, f"interrupted at once; {kept(tr)}") from None
-    if not math.isfinite(p.best_loss):
-        raise NmtError(f"{run.name}: the validation loss never became finite "
-                       "(fix: lower train.lr or set train.clip_grad_norm)")
-    summary = write_outputs(tr, p, average_recent(tr, p))
-    tr.resume_path.unlink(missing_ok=True)  # the stage is complete
-    return summary
+    try:
+        if tr.world.main:
+            check_room(tr.run_dir, tr.n_params, tr.t["average_last"])
+        p = start(tr, restart)
+        with StopSignals(echo=1.0 if tr.world.group else 0.0) as stop:
+            try:
+                while not p.done(tr.t):
+                    if train_epoch(tr, p, stop):
+                        end_epoch(tr, p)
+                        save_state(tr, p)
+                    stop.signum = tr.world.max([stop.signum])[0]  # ranks agree
+                    if stop.signum:
+                        raise stopped(tr, p, stop.signum)
+            except KeyboardInterrupt:
+                raise Stopped(130, f"interrupted at once; {kept(tr)}") from None
+        if not math.isfinite(p.best_loss):
+            raise NmtError(f"{run.name}: the validation loss never became finite "
+                           "(fix: lower train.lr or set train.clip_grad_norm)")
+        averaged = average_recent(tr, p)
+        if not tr.world.main:
+            return {}
+        summary = write_outputs(tr, p, averaged)
+        tr.resume_path.unlink(missing_ok=True)  # the stage is complete
+        return summary
+    except (dist.DistError, RuntimeError) as e:
+        why = distributed.lost_peer(e) if tr.world.group else None
+        if why is None:
+            raise
+        if threading_main():  # torchrun's SIGTERM to the survivors must not cut this line off
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise NmtError(f"rank {tr.world.rank}: another training process failed or vanished "
+                       f"({why}); {kept(tr)}") from None
+    finally:
+        distributed.leave()
 
 
 def setup(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) -> Trainer:
     """Read the data and vocabulary, build the seeded model, its optimizer and lr schedule."""
     t = params["train"]
-    device = pick_device(t["device"])
-    seed_everything(run.seed)
+    world, device = distributed.join(t["device"], t["devices"])
+    if not world.main:  # one process reports progress
+        logging.getLogger("nmt").setLevel(logging.WARNING)
+    seed_everything(run.seed)  # the same initial weights on every rank
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (optimizer) on tensor cores
 
@@ -217,21 +242,26 @@ def setup(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir:
              len(valid_pairs), tokenized_dir, len(src_codec), len(tgt_codec), vocab_dir)
 
     model = build_model(run.model, cfg, len(src_codec), len(tgt_codec)).to(device)
+    if world.rank:  # other dropout masks on other ranks
+        torch.manual_seed(run.seed + 1_000_003 * world.rank)
+    ddp = distributed.wrap(model, world, device)
     # Batch shapes vary with sentence length: compile once for dynamic shapes, not per length.
-    step_model = (torch.compile(model, dynamic=True) if t["compile"] and device.type == "cuda"
-                  else model)
+    step_model = (torch.compile(ddp, dynamic=True) if t["compile"] and device.type == "cuda"
+                  else ddp)
     optimizer = torch.optim.Adam(model.parameters(), lr=t["lr"], betas=tuple(t["betas"]),
                                  eps=t["eps"], fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s + 1, t["warmup_steps"]))
-    tr = Trainer(run, params, Path(run_dir), device, cfg, model, step_model, optimizer, scheduler,
+    tr = Trainer(run, params, Path(run_dir), world, device, cfg, model, ddp, step_model,
+                 optimizer, scheduler,
                  Batches(train_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
                          shuffle=True, seed=run.seed),
                  Batches(valid_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
                          shuffle=False),
                  (len(src_codec), len(tgt_codec)),
-                 resume.config_key(params, run.name, run.seed, vocab_dir, 1))
-    log.info("%s: %s parameters on %s", run.name, f"{tr.n_params:,}", device)
+                 resume.config_key(params, run.name, run.seed, vocab_dir, world.size))
+    on = f"{world.size} processes ({device.type})" if world.group else str(device)
+    log.info("%s: %s parameters on %s", run.name, f"{tr.n_params:,}", on)
     return tr
 
 
@@ -261,27 +291,27 @@ def check_room(run_dir: Path, n_params: int, average_last: int) -> None:
 def start(tr: Trainer, restart: bool) -> Progress:
     """A fresh Progress, or the one a matching resume state holds (weights, optimizer, lr
     schedule and random generators restored with it)."""
-    resume.remove_temporaries(tr.run_dir, OUTPUTS + (resume.FILE,))
-    for name in OUTPUTS:  # an earlier run's outputs do not describe this one
-        (tr.run_dir / name).unlink(missing_ok=True)
-    path = tr.resume_path
-    if not path.exists():
-        return Progress()
-    if restart:
-        resume.set_aside(path, "--restart asks for a fresh start")
-        return Progress()
-    state, why = resume.read(path)
+    path, state, why = tr.resume_path, None, ""
+    if path.exists():
+        state, why = (None, "--restart asks for a fresh start") if restart else resume.read(path)
     if state and state["config_hash"] != resume.config_hash(tr.config):
         changed = resume.differences(state["config"], tr.config)
         why = f"it was written with other settings (changed: {', '.join(changed[:4])})"
+    tr.world.barrier()  # every rank has read the state before rank 0 moves it
+    if tr.world.main:
+        resume.remove_temporaries(tr.run_dir, OUTPUTS + (resume.FILE,))
+        for name in OUTPUTS:  # an earlier run's outputs do not describe this one
+            (tr.run_dir / name).unlink(missing_ok=True)
+        if why:
+            resume.set_aside(path, why)
     if not state or why:
-        resume.set_aside(path, why)
         return Progress()
     tr.model.load_state_dict(state["model"])
     tr.optimizer.load_state_dict(state["optimizer"])
     tr.scheduler.load_state_dict(state["scheduler"])
-    resume.set_rng_state(state["rng"][0], tr.device)
-    p = Progress(**state["progress"])
+    mine = state["ranks"][tr.world.rank]
+    resume.set_rng_state(mine["rng"], tr.device)
+    p = Progress(**{**state["progress"], "loss_sum": mine["loss_sum"], "tokens": mine["tokens"]})
     tr.saved = p.where(tr)
     log.info("resuming from %s (batch %d of %d of the epoch), from %s", tr.saved, p.batch,
              len(tr.plan(p.epoch)), path)
@@ -289,13 +319,15 @@ def start(tr: Trainer, restart: bool) -> Progress:
 
 
 def save_state(tr: Trainer, p: Progress) -> None:
-    """Write the resume state: everything needed to continue exactly where the run stands."""
-    state = {"format": resume.FORMAT, "config": tr.config,
-             "config_hash": resume.config_hash(tr.config), "model": cpu_copy(tr.model),
-             "optimizer": tr.optimizer.state_dict(), "scheduler": tr.scheduler.state_dict(),
-             "rng": [resume.rng_state(tr.device)],
-             "progress": {f.name: getattr(p, f.name) for f in fields(Progress)}}
-    resume.write(tr.resume_path, state)
+    """Write the resume state (rank 0): all it takes to continue exactly where the run stands."""
+    ranks = tr.world.gather({"rng": resume.rng_state(tr.device), "loss_sum": p.loss_sum,
+                             "tokens": p.tokens})
+    if tr.world.main:
+        resume.write(tr.resume_path, {
+            "format": resume.FORMAT, "config": tr.config,
+            "config_hash": resume.config_hash(tr.config), "model": cpu_copy(tr.model),
+            "optimizer": tr.optimizer.state_dict(), "scheduler": tr.scheduler.state_dict(),
+            "ranks": ranks, "progress": {f.name: getattr(p, f.name) for f in fields(Progress)}})
     tr.saved, tr.last_save = p.where(tr), time.monotonic()
 
 
@@ -343,22 +375,23 @@ def train_epoch(tr: Trainer, p: Progress, stop: StopSignals) -> bool:
     loss_sum = torch.tensor(p.loss_sum, dtype=torch.float64, device=tr.device)
     tokens = torch.tensor(p.tokens, dtype=torch.long, device=tr.device)
     bar = tqdm(total=len(plan), initial=p.batch, desc=f"epoch {p.epoch}/{tr.t['epochs']}",
-               unit="batch", leave=False)
+               unit="batch", leave=False, disable=not tr.world.main)
 
     def sync() -> None:  # the running sums into p (reading them waits for the GPU)
         p.loss_sum, p.tokens = loss_sum.item(), int(tokens.item())
         p.seconds = time.perf_counter() - start
 
     while p.batch < len(plan):
-        group = plan[p.batch : p.batch + k]
-        loss, n = update(tr, [tr.train_batches.batch(idx) for idx in group])
+        chunk = plan[p.batch : p.batch + k]
+        loss, n = update(tr, [(*tr.train_batches.batch(idx), real) for idx, real in chunk])
         loss_sum += loss
         tokens += n
-        p.batch += len(group)
+        p.batch += len(chunk)
         p.step += 1
-        bar.update(len(group))
+        bar.update(len(chunk))
         resume.test_hook("step", p.step)
-        if stop.signum or tr.save_due():
+        stop.signum, save = tr.world.max([stop.signum, int(tr.save_due())])  # ranks agree
+        if stop.signum or save:
             sync()
             save_state(tr, p)
             if stop.signum:
@@ -377,51 +410,62 @@ def train_epoch(tr: Trainer, p: Progress, stop: StopSignals) -> bool:
     return True
 
 
-def update(tr: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor]]):
-    """One optimizer update from micro-batches; returns their (summed token loss, tokens).
+def update(tr: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]]):
+    """One optimizer update from this rank's micro-batches (src, tgt, real); returns their
+    (summed token loss, target tokens).
 
-    The update's loss is the summed token loss of all its micro-batches divided by their total
-    target tokens, so accumulate k on batches of B equals one batch of k*B.
+    The update's loss is the summed token loss of all micro-batches of all ranks divided by
+    their total target tokens: accumulate k on batches of B equals one batch of k*B, and N
+    ranks x accumulate k equal one process x accumulate N*k. Padding micro-batches (real
+    False) weigh nothing; they only keep the ranks in step.
     """
-    total = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt in micro)
+    local = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt, real in micro if real)
+    total = tr.world.sum(torch.tensor(float(local), dtype=torch.float64, device=tr.device))
     tr.optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), dtype=torch.float64, device=tr.device)
-    for src, tgt in micro:
-        loss, _ = token_loss(tr.step_model, src, tgt, tr.device, tr.t["label_smoothing"])
-        (loss / total).backward()
-        loss_sum += loss.detach()
+    for i, (src, tgt, real) in enumerate(micro):
+        with distributed.no_sync(tr.ddp, skip=i < len(micro) - 1):  # all-reduce on the last
+            loss, _ = token_loss(tr.step_model, src, tgt, tr.device, tr.t["label_smoothing"])
+            # DDP averages gradients over ranks; x world size makes it their sum.
+            ((loss if real else loss * 0.0) / total * tr.world.size).backward()
+        if real:
+            loss_sum += loss.detach()
     if tr.t["clip_grad_norm"] > 0:
         torch.nn.utils.clip_grad_norm_(tr.model.parameters(), tr.t["clip_grad_norm"])
     tr.optimizer.step()
     tr.scheduler.step()
-    return loss_sum, total
+    return loss_sum, local
 
 
 @torch.inference_mode()
 def validate(tr: Trainer) -> float:
-    """Per-token cross-entropy on the validation split (no label smoothing, no dropout)."""
+    """Per-token cross-entropy on the validation split (no label smoothing, no dropout);
+    each rank takes every world.size-th batch, the sums are all-reduced."""
     tr.model.eval()
     tr.validations += 1
     total = torch.zeros((), dtype=torch.float64, device=tr.device)
-    count = 0
-    for i, idx in enumerate(tr.valid_batches.indices()):
-        src, tgt = tr.valid_batches.batch(idx)
-        loss, n = token_loss(tr.model, src, tgt, tr.device)
+    count = torch.zeros((), dtype=torch.long, device=tr.device)
+    order = tr.valid_batches.indices()[tr.world.rank :: tr.world.size]
+    for i, idx in enumerate(order):
+        loss, n = token_loss(tr.model, *tr.valid_batches.batch(idx), tr.device)
         total += loss
-        count += int(n)
+        count += n
         if i == 0:
             resume.test_hook("valid", tr.validations)
     tr.model.train()
-    return total.item() / count
+    total, count = tr.world.sum(torch.stack([total, count.double()])).tolist()
+    return total / count
 
 
 def end_epoch(tr: Trainer, p: Progress) -> None:
     """Validate; record the epoch's row; keep the best weights and the averaging window."""
     valid_loss = validate(tr)
-    train_loss = p.loss_sum / p.tokens
+    loss_sum, tokens = tr.world.sum(torch.tensor([p.loss_sum, p.tokens], dtype=torch.float64,
+                                                 device=tr.device)).tolist()
+    train_loss = loss_sum / tokens
     row = {"epoch": p.epoch, "train_loss": round(train_loss, 5),
            "valid_loss": round(valid_loss, 5), "lr": tr.scheduler.get_last_lr()[0],
-           "seconds": round(p.seconds, 2), "tokens_per_second": round(p.tokens / p.seconds)}
+           "seconds": round(p.seconds, 2), "tokens_per_second": round(tokens / p.seconds)}
     p.history.append(row)
     log.info("epoch %d: train %.4f valid %.4f (%.1f s, %s tok/s)", p.epoch, train_loss,
              valid_loss, p.seconds, f"{row['tokens_per_second']:,}")
