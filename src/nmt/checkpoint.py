@@ -29,15 +29,19 @@ def save(path: Path, model: torch.nn.Module, *, name: str, recipe: str, cfg, src
          tgt_vocab_size: int, params: dict, **extra) -> None:
     """Write atomically; plain types and tensors only, so it loads with weights_only=True."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    # Serialised in memory: a zip written to a path records that (random, temporary) file's
-    # name, so the same weights would give different bytes and DVC would re-run evaluate.
-    buffer = io.BytesIO()
-    torch.save({"model": name, "recipe": recipe, "model_config": asdict(cfg),
-                "src_vocab_size": src_vocab_size, "tgt_vocab_size": tgt_vocab_size,
-                "params": json.loads(json.dumps(params)),  # plain dicts: weights_only loads it
-                "state_dict": state, **extra}, buffer)
+    write_torch(path, {"model": name, "recipe": recipe, "model_config": asdict(cfg),
+                       "src_vocab_size": src_vocab_size, "tgt_vocab_size": tgt_vocab_size,
+                       "params": json.loads(json.dumps(params)),  # plain: weights_only loads it
+                       "state_dict": state, **extra})
+
+
+def write_torch(path: Path, obj) -> None:
+    """torch.save to memory, then write the bytes atomically: equal objects give equal files
+    (saved straight to a file, the archive records the temporary file's random name)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
     with atomic_path(path) as tmp:
-        tmp.write_bytes(buffer.getvalue())
+        tmp.write_bytes(buf.getvalue())
 
 
 def foreign(path: Path, why: str) -> NmtError:

@@ -48,11 +48,27 @@ def cmd_verify(args, params):
 
 
 def cmd_train(args, params):
-    from nmt.train import train
+    from nmt.distributed import launch, under_torchrun
+    from nmt.train import Stopped, train
 
-    run = Run(args.recipe, args.model, args.seed)
-    train(resolve(params, args.recipe), run, args.tokenized, args.vocab / args.recipe,
-          run.dir(args.results))
+    run, recipe = Run(args.recipe, args.model, args.seed), resolve(params, args.recipe)
+    if recipe["train"]["devices"] > 1 and not under_torchrun():
+        return launch(recipe["train"]["devices"], train_argv(args))
+    try:
+        train(recipe, run, args.tokenized, args.vocab / args.recipe, run.dir(args.results),
+              restart=args.restart)
+    except Stopped as e:
+        if str(e):
+            print(f"nmt train: {e}", file=sys.stderr)
+        return e.code
+
+
+def train_argv(args) -> list[str]:
+    """This `nmt train` command line, for the processes torchrun starts."""
+    return (["--params", str(args.params)] + (["-q"] if args.quiet else []) +
+            ["train", "--recipe", args.recipe, "--model", args.model, "--seed", str(args.seed),
+             "--tokenized", str(args.tokenized), "--vocab", str(args.vocab),
+             "--results", str(args.results)] + (["--restart"] if args.restart else []))
 
 
 def cmd_evaluate(args, params):
@@ -160,9 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
               "results/verify/<recipe>.json; exit 1 if a check fails.", [recipe, data])
     s.add_argument("--out", type=Path, default=None, help="default: results/verify/<recipe>.json")
 
-    stage("train", cmd_train,
-          "Read data/tokenized and data/vocab/<recipe>, train one model and write "
-          "results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv, train.json.", [run])
+    s = stage("train", cmd_train,
+              "Read data/tokenized and data/vocab/<recipe>, train one model and write "
+              "results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv, train.json "
+              "(when training completes). An interrupted run (Ctrl-C, SIGTERM, a crash) keeps "
+              "resume.pt there; the same command continues it with the numbers an "
+              "uninterrupted run gives.", [run])
+    s.add_argument("--restart", action="store_true",
+                   help="set aside a resume state (resume.pt) and train from scratch")
     stage("evaluate", cmd_evaluate,
           "Read results/<recipe>-<model>-s<seed>/best.pt and the test sets, write metrics.json "
           "(loss, perplexity, BLEU greedy and beam, chrF), evaluation.json, translations/ and "
@@ -235,7 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"nmt {args.stage}: interrupted; no half-written output was kept", file=sys.stderr)
+        kept = "no half-written output was kept"
+        if args.stage == "train":  # the training loop itself answers Ctrl-C with its own line
+            state = Run(args.recipe, args.model, args.seed).dir(args.results) / "resume.pt"
+            kept = (f"outputs appear only when training completes; {state}, if there, is kept "
+                    "and the same nmt train command resumes from it")
+        print(f"nmt {args.stage}: interrupted; {kept}", file=sys.stderr)
         return 130
     finally:
         if os.environ.get("NMT_TRACK_READS"):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from nmt.config import NmtError
 from nmt.text import read_lines, read_tokens
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -23,15 +24,19 @@ def load_pairs(tokenized_dir: Path, split: str, src_codec, tgt_codec, max_len: i
     """(source ids, target ids) of one split, each wrapped in <bos> ... <eos>, cut to max_len."""
     tokenized_dir = Path(tokenized_dir)
 
+    def path(codec) -> Path:
+        return tokenized_dir / f"{split}.{codec.lang}.{'tok' if codec.kind == 'word' else 'txt'}"
+
     def side(codec):
-        if codec.kind == "word":
-            sents = read_tokens(tokenized_dir / f"{split}.{codec.lang}.tok")
-        else:
-            sents = read_lines(tokenized_dir / f"{split}.{codec.lang}.txt")
+        sents = (read_tokens if codec.kind == "word" else read_lines)(path(codec))
         # Over-long sentences keep their first max_len - 2 tokens and still end in <eos>.
         return [[BOS_ID] + codec.encode(s)[: max_len - 2] + [EOS_ID] for s in sents]
 
-    return list(zip(side(src_codec), side(tgt_codec), strict=True))
+    src, tgt = side(src_codec), side(tgt_codec)
+    if len(src) != len(tgt):
+        raise NmtError(f"{path(src_codec)} has {len(src)} lines but {path(tgt_codec)} has "
+                       f"{len(tgt)}: the {split} split is not aligned (fix: re-run nmt tokenize)")
+    return list(zip(src, tgt, strict=True))
 
 
 def pad(seqs: list[list[int]]) -> torch.Tensor:
@@ -83,21 +88,29 @@ class Batches:
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self._order = None  # (epoch, batches) of the epoch last built
 
-    def indices(self) -> list[list[int]]:
-        """This epoch's batches as index lists, built once an epoch (len() and iter() share)."""
-        if self._order is None or self._order[0] != self.epoch:
-            rng = random.Random(self.seed + self.epoch) if self.shuffle else None
+    def indices(self, epoch: int | None = None) -> list[list[int]]:
+        """An epoch's batches as index lists (default: the current epoch), built once an epoch.
+
+        The order depends only on (seed, epoch), so a resumed run finds it again from the epoch.
+        """
+        epoch = self.epoch if epoch is None else epoch
+        if self._order is None or self._order[0] != epoch:
+            rng = random.Random(self.seed + epoch) if self.shuffle else None
             if self.batch_by == "tokens":
                 order = token_batches(self.pairs, self.max_tokens, rng)
             else:
                 order = sentence_batches(len(self.pairs), self.batch_size, rng)
-            self._order = (self.epoch, order)
+            self._order = (epoch, order)
         return self._order[1]
+
+    def batch(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (src, tgt) tensors of one index list."""
+        return collate([self.pairs[i] for i in idx])
 
     def __len__(self) -> int:
         return len(self.indices())
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for idx in self.indices():
-            yield collate([self.pairs[i] for i in idx])
+            yield self.batch(idx)
         self.epoch += 1

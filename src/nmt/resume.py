@@ -1,0 +1,145 @@
+"""The resume state of an unfinished training run: <run_dir>/resume.pt.
+
+Not a declared output of any stage (git and DVC ignore it); written atomically at the end of
+every epoch and, with train.save_every_minutes, within one; removed when the stage completes.
+Plain types and tensors only, so `torch.load(..., weights_only=True)` reads it.
+
+Format (a dict):
+    format          FORMAT (an int; another value is set aside like a changed configuration)
+    config          what must match to continue (`config_key`), and config_hash its sha256
+    model, optimizer, scheduler    their state_dicts
+    ranks           one dict a process (rank order): rng {torch (CPU), cuda (or None),
+                    python (`random`)}, loss_sum and tokens of the epoch so far on that rank
+    progress        nmt.train.Progress as a dict (rank 0's): epoch, batch (position in the
+                    epoch's micro-batch plan of each rank), step (optimizer updates), loss_sum,
+                    tokens, seconds, history, best_loss, best_epoch, best_state, stale,
+                    recent (the averaging buffer)
+The batch order itself is not stored: it follows from (seed, epoch) (nmt.data.Batches).
+
+The test hook NMT_TEST_KILL_AT (see `test_hook`) is read here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+import signal
+from pathlib import Path
+
+import torch
+
+from nmt.files import atomic_path
+
+log = logging.getLogger("nmt.train")
+
+FILE = "resume.pt"
+FORMAT = 1
+# Settings that change when and how state is kept, not the numbers a run computes.
+NEUTRAL = ("save_every_minutes",)
+
+
+def config_key(params: dict, run_name: str, seed: int, vocab_dir: Path, world_size: int) -> dict:
+    """What a resume state must share with this run: model, train and data settings, the
+    vocabulary files' content, the seed and the number of processes."""
+    vocab = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(Path(vocab_dir).iterdir()) if p.is_file()}
+    train = {k: v for k, v in params["train"].items() if k not in NEUTRAL}
+    data = {k: params["data"][k] for k in ("source_lang", "target_lang", "max_train_pairs")}
+    return {"run": run_name, "seed": seed, "world_size": world_size, "model": params["model"],
+            "train": train, "data": data, "vocab": vocab}
+
+
+def config_hash(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the settings that differ between two config keys."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def rng_state(device: torch.device) -> dict:
+    """Every generator training draws from: torch CPU (dropout on CPU), CUDA, Python's."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda, "python": random.getstate()}
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+_writes = 0  # resume states this process began to write (for the test hook)
+
+
+def write(path: Path, state: dict) -> None:
+    """Serialize to memory, then write the bytes atomically (same state, same bytes)."""
+    global _writes
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    _writes += 1
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        test_hook("save", _writes)  # killed here: half a temporary file, the old state intact
+        f.write(data[len(data) // 2 :])
+
+
+def read(path: Path) -> tuple[dict | None, str]:
+    """(state, "") or (None, why it cannot be used)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file: any unpickling error means unusable
+        return None, f"it is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        return None, f"it is not a format-{FORMAT} resume state"
+    return state, ""
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename a state that cannot be continued to resume.pt.stale; training starts fresh."""
+    stale = path.with_name(path.name + ".stale")
+    os.replace(path, stale)
+    log.warning("set aside %s as %s: %s; training starts fresh", path, stale.name, why)
+    return stale
+
+
+def remove_temporaries(run_dir: Path, names: tuple[str, ...]) -> None:
+    """Delete the temporary files a killed write left behind (atomic_path's .<name>.*.tmp)."""
+    for name in names:
+        for tmp in Path(run_dir).glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
+def test_hook(point: str, count: int) -> None:
+    """For tests: NMT_TEST_KILL_AT=<point>:<n>[:<SIGNAL>][@<rank>] makes this process send
+    itself SIGNAL (default KILL) when `point` happens for the n-th time.
+
+    Points: step (after optimizer update n of the run), save (half-way through writing the
+    n-th resume state of this process), valid (after the first batch of the n-th validation
+    of this process). @rank limits it to one process of a distributed run.
+    """
+    spec = os.environ.get("NMT_TEST_KILL_AT")
+    if not spec:
+        return
+    spec, _, rank = spec.partition("@")
+    if rank and rank != os.environ.get("RANK", "0"):
+        return
+    where, n, *sig = spec.split(":")
+    if where == point and int(n) == count:
+        os.kill(os.getpid(), getattr(signal, f"SIG{sig[0] if sig else 'KILL'}"))

@@ -1,0 +1,139 @@
+"""Interrupted training resumes to the same numbers: SIGKILL anywhere, SIGTERM, SIGINT.
+
+Killed runs are real processes (`python -m nmt train` with the test hook NMT_TEST_KILL_AT,
+read in nmt/resume.py); each is resumed in this process and its outputs compared byte for byte
+with an uninterrupted run: best.pt, last.pt, history.csv and train.json (wall-clock columns
+aside, nmt.train.TIMING_FIELDS). Tiny model, 300 pairs: 10 updates an epoch, 3 epochs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import pytest
+import torch
+
+from nmt import cli, resume
+from nmt.config import Run
+from nmt.train import OUTPUTS, StopSignals
+from train_helpers import assert_same_outputs, nmt_process, params_file, tiny_data, train_argv
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+RUN = Run("published", "scratch", 0)
+EVERY_STEP = 1e-9  # save_every_minutes: a resume state after every update
+
+
+@pytest.fixture(scope="module")
+def setup(prepared, tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    data = tiny_data(prepared, root)
+    files, refs = {}, {}
+    for name, every in (("epochs", 0), ("steps", EVERY_STEP)):
+        (root / name).mkdir()
+        files[name] = params_file(root / name, epochs=3, average_last=2, save_every_minutes=every)
+        # Checkpoints embed the params, save_every_minutes included: one reference each.
+        assert cli.main(train_argv(files[name], {**data, "results": root / name})) == 0
+        refs[name] = RUN.dir(root / name)
+    return {"data": data, "params": files, "reference": refs}
+
+
+def resume_in_process(argv: list[str], caplog) -> str:
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        assert cli.main(argv) == 0
+    return caplog.text
+
+
+def killed(setup, tmp_path, kill_at: str, saves: str) -> tuple[list[str], object]:
+    data = {**setup["data"], "results": tmp_path / "results"}
+    argv = train_argv(setup["params"][saves], data)
+    proc = nmt_process(argv, kill_at)
+    return argv, proc
+
+
+@pytest.mark.parametrize("kill_at, saves, resumed_from", [
+    ("step:14", "epochs", "epoch 2, step 10 of 30"),  # mid-epoch: back to the epoch's start
+    ("step:14", "steps", "epoch 2, step 13 of 30"),  # mid-epoch: from the state of step 13
+    ("save:5", "steps", "epoch 1, step 4 of 30"),  # half-way through writing a state
+    ("valid:2", "epochs", "epoch 2, step 10 of 30"),  # during validation
+    ("valid:4", "epochs", "epoch 4, step 30 of 30"),  # validating the averaged weights
+])
+def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, caplog, kill_at, saves,
+                                              resumed_from):
+    argv, proc = killed(setup, tmp_path, kill_at, saves)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    reference = setup["reference"][saves]
+    run_dir = RUN.dir(tmp_path / "results")
+    assert not any((run_dir / name).exists() for name in OUTPUTS)  # nothing looks finished
+    if kill_at.startswith("save"):
+        assert list(run_dir.glob(".resume.pt.*.tmp"))  # the write really was cut short
+    log = resume_in_process(argv, caplog)
+    assert f"resuming from {resumed_from} " in log
+    assert_same_outputs(reference, run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(OUTPUTS)  # state and tmp gone
+
+
+@pytest.mark.parametrize("sig", ["TERM", "INT"])
+def test_signal_stops_after_the_step_and_keeps_a_state(setup, tmp_path, caplog, sig):
+    argv, proc = killed(setup, tmp_path, f"step:14:{sig}", "epochs")
+    number = getattr(signal, f"SIG{sig}")
+    assert proc.returncode == 128 + number, proc.stderr[-2000:]
+    run_dir = RUN.dir(tmp_path / "results")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"nmt train: stopped by SIG{sig} at epoch 2, step 14 of 30; kept "
+                           f"{run_dir / 'resume.pt'} (epoch 2, step 14 of 30); ")
+    assert "--model scratch --seed 0` (same options) again resumes from there" in last
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == ["resume.pt"]
+    state = torch.load(run_dir / "resume.pt", weights_only=True)  # plain types and tensors
+    assert state["format"] == resume.FORMAT and len(state["ranks"]) == 1
+    assert {"model", "optimizer", "scheduler", "config", "config_hash", "progress"} <= set(state)
+    p = state["progress"]
+    assert (p["epoch"], p["batch"], p["step"], len(p["history"]), len(p["recent"])) == (
+        2, 4, 14, 1, 1)
+    assert "resuming from epoch 2, step 14 of 30 " in resume_in_process(argv, caplog)
+    assert_same_outputs(setup["reference"]["epochs"], run_dir)
+
+
+def test_other_settings_or_restart_set_the_state_aside(setup, tmp_path, caplog):
+    argv, proc = killed(setup, tmp_path, "step:14:TERM", "epochs")
+    run_dir = RUN.dir(tmp_path / "results")
+    state = (run_dir / "resume.pt").read_bytes()
+
+    log = resume_in_process(argv + ["--restart"], caplog)  # a fresh run: the reference again
+    assert "resuming" not in log and "set aside" in log and "--restart asks" in log
+    assert_same_outputs(setup["reference"]["epochs"], run_dir)
+    assert (run_dir / "resume.pt.stale").read_bytes() == state
+
+    (run_dir / "resume.pt").write_bytes(state)
+    other = tmp_path / "other"
+    other.mkdir()
+    argv[1] = str(params_file(other, epochs=3, average_last=2, lr=2.0e-3))
+    log = resume_in_process(argv, caplog)
+    assert "resuming" not in log
+    assert "it was written with other settings (changed: train.lr); training starts fresh" in log
+    assert not (run_dir / "resume.pt").exists()
+
+    (run_dir / "resume.pt").write_bytes(state[: len(state) // 3])  # truncated
+    log = resume_in_process(argv, caplog)
+    assert "resuming" not in log and "it is unreadable" in log
+
+
+def test_resume_state_outside_the_declared_outputs(setup):
+    """resume.pt is in no stage's outputs (DVC and Snakemake would delete or track it)."""
+    from conftest import REPO
+
+    assert "resume" not in (REPO / "dvc.yaml").read_text()
+    assert "resume" not in (REPO / "workflow" / "rules" / "models.smk").read_text()
+
+
+def test_second_ctrl_c_stops_at_once():
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.signum == signal.SIGTERM  # the first only asks
+        os.kill(os.getpid(), signal.SIGTERM)  # (torchrun's shutdown repeats it): still asking
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

@@ -1,0 +1,159 @@
+"""The training loop itself: lr schedule, checkpoint averaging, early stopping, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt import checkpoint
+from nmt.config import NmtError, Run
+from nmt.data import Batches, load_pairs
+from nmt.runtime import corpus_loss
+from nmt.train import long_run_note, lr_factor, train
+from nmt.vocab import load_codecs
+from train_helpers import nmt_process, params_file, tiny_data, tiny_params, train_argv
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+RUN = Run("published", "scratch", 0)
+
+
+@pytest.fixture(scope="module")
+def data(prepared, tmp_path_factory):
+    return tiny_data(prepared, tmp_path_factory.mktemp("tiny"), train=200, val=60)
+
+
+def fit(data, tmp_path, name: str, **train_settings) -> tuple[dict, list[dict]]:
+    """Train in this process; (train.json, history rows)."""
+    out = tmp_path / name
+    summary = train(tiny_params(**train_settings), RUN, data["tokenized"],
+                    data["vocab"] / "published", out)
+    with open(out / "history.csv") as f:
+        history = list(csv.DictReader(f))
+    assert json.loads((out / "train.json").read_text()) == json.loads(json.dumps(summary))
+    return summary, history
+
+
+def test_lr_factor_values():
+    assert [lr_factor(s, 0) for s in (0, 1, 5, 10_000)] == [1.0] * 4
+    # Linear warmup over 4 updates, peak 1.0 at update 4, then sqrt(4 / step).
+    assert [lr_factor(s, 4) for s in range(1, 9)] == [
+        0.25, 0.5, 0.75, 1.0, math.sqrt(4 / 5), math.sqrt(4 / 6), math.sqrt(4 / 7), 0.5 ** 0.5]
+    assert lr_factor(0, 4) == lr_factor(1, 4) == 0.25  # the first update never runs at lr 0
+    assert lr_factor(400, 100) == 0.5
+
+
+def test_schedule_counts_updates_not_micro_batches(data, tmp_path):
+    # 200 pairs / 32 = 7 micro-batches an epoch; accumulate 2 makes 4 updates an epoch.
+    summary, history = fit(data, tmp_path, "acc", epochs=2, warmup_steps=3, accumulate=2)
+    assert summary["updates"] == 8
+    for row, updates in zip(history, (4, 8), strict=True):
+        # The lr after `updates` optimizer steps is the one the next update would use.
+        assert float(row["lr"]) == 1.0e-3 * lr_factor(updates + 1, 3)
+
+
+def test_average_last_is_the_mean_of_the_last_epochs(data, tmp_path):
+    """The same seed trains the same trajectory, so runs of 2 and 3 epochs give the epoch-2 and
+    epoch-3 weights the averaged run must have averaged."""
+    fit(data, tmp_path, "e2", epochs=2)
+    fit(data, tmp_path, "e3", epochs=3)
+    summary, history = fit(data, tmp_path, "avg", epochs=3, average_last=2)
+    w2, _ = checkpoint.load(tmp_path / "e2" / "last.pt")
+    w3, _ = checkpoint.load(tmp_path / "e3" / "last.pt")
+    s2, s3 = ({k: v.clone() for k, v in w.state_dict().items()} for w in (w2, w3))
+    hand = {k: (s2[k] + s3[k]) / 2 for k in s3}
+
+    avg_last, _ = checkpoint.load(tmp_path / "avg" / "last.pt")
+    assert all(torch.equal(v, s3[k]) for k, v in avg_last.state_dict().items())  # not averaged
+    w3.load_state_dict(hand)
+    src, tgt = load_codecs(data["vocab"] / "published")
+    valid = Batches(load_pairs(data["tokenized"], "val", src, tgt, 256), "sentences", 32, 0,
+                    shuffle=False)
+    assert summary["averaged_valid_loss"] == pytest.approx(corpus_loss(w3, valid, "cpu"),
+                                                           rel=1e-6)
+    best, ckpt = checkpoint.load(tmp_path / "avg" / "best.pt")
+    # The averaged weights are best.pt when they beat every single epoch, else that epoch is.
+    expected = {"avg2": hand, 2: s2, 3: s3}[summary["best_epoch"]]
+    assert all(torch.equal(v, expected[k]) for k, v in best.state_dict().items())
+    assert ckpt.get("averaged") == (2 if summary["best_epoch"] == "avg2" else None)
+
+
+def expected_stop(losses: list[float], patience: int) -> int:
+    """Brute force: the epoch after which `patience` epochs in a row did not beat the best."""
+    best, stale = math.inf, 0
+    for epoch, loss in enumerate(losses, 1):
+        best, stale = (loss, 0) if loss < best else (best, stale + 1)
+        if stale >= patience:
+            return epoch
+    return len(losses)
+
+
+def test_patience_stops_the_run(data, tmp_path):
+    # A high lr on 200 pairs overfits: the validation loss turns up within a few epochs.
+    settings = {"epochs": 14, "lr": 1.0e-2}
+    full, full_history = fit(data, tmp_path, "full", **settings, patience=0)
+    stopped, history = fit(data, tmp_path, "stopped", **settings, patience=2)
+    assert full["epochs"] == 14
+    losses = [float(r["valid_loss"]) for r in full_history]
+    stop = expected_stop(losses, 2)
+    assert stop < 14, f"the validation loss never turned up: {losses}"
+    assert stopped["epochs"] == len(history) == stop
+    same = ("epoch", "train_loss", "valid_loss", "lr")
+    assert [[r[k] for k in same] for r in history] == [[r[k] for k in same]
+                                                       for r in full_history[:stop]]
+    assert stopped["best_epoch"] == stop - 2
+
+
+def test_misaligned_split_is_one_error_line(data, tmp_path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for path in data["tokenized"].iterdir():
+        (tok / path.name).write_bytes(path.read_bytes())
+    lines = (tok / "val.en.tok").read_text().split("\n")
+    (tok / "val.en.tok").write_text("\n".join(lines[:-3]) + "\n")
+    src, tgt = load_codecs(data["vocab"] / "published")
+    with pytest.raises(NmtError) as err:
+        load_pairs(tok, "val", src, tgt, 256)
+    msg = str(err.value)
+    assert "\n" not in msg and "val.de.tok has 60 lines but" in msg and "has 58" in msg
+    assert "fix: re-run nmt tokenize" in msg
+
+
+def unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not unshare_works(), reason="needs unshare -rm (a private mount namespace)")
+@pytest.mark.parametrize("mount, cause", [
+    ("ro,size=1m", "cannot write to {run}: Read-only file system (fix: make it writable"),
+    ("size=64k", "{run}: 0.1 MB free on its disk, training needs about 12.9 MB for its resume "
+                 "state and checkpoints (fix: free disk space"),
+])
+def test_unwritable_or_full_results_folder_is_one_line(data, tmp_path, mount, cause):
+    """A real read-only and a real nearly full file system (tmpfs in a private namespace)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    argv = train_argv(params_file(tmp_path), {**data, "results": results})
+    proc = nmt_process(argv, launcher=["unshare", "-rm", "sh", "-c",
+                                       f'mount -t tmpfs -o {mount} tmpfs {results} && exec "$@"',
+                                       "sh", sys.executable])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("nmt train: error: " + cause.format(run=RUN.dir(results))), last
+    assert "epoch 1" not in proc.stderr  # stopped before training
+
+
+def test_long_cpu_run_note():
+    assert long_run_note(0.5, 100, 15) is None  # 50 s an epoch, 12.5 min in all
+    note = long_run_note(2.0, 907, 15)
+    assert note.startswith("on the CPU this run takes about 30 min an epoch, 7.6 h for 15 "
+                           "epochs; for a quick run use a smaller recipe")
+    assert "make demo" in note and "data.max_train_pairs" in note
