@@ -18,10 +18,15 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors gain nothing from threads, and spinning threads crawl on a busy machine."""
-    threads = torch.get_num_threads()
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"  # nmt.cli.main sets torch's threads from it
     yield
     torch.set_num_threads(threads)
+    if env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
 
 
 @pytest.fixture(scope="session")

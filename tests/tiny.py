@@ -60,7 +60,9 @@ def tiny_recipe(recipe: dict) -> dict:
 
 
 def run(cmd: list[str], cwd: Path, env: dict | None = None, check: bool = True) -> str:
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **(env or {})}
+    # The copy runs its own sources (the venv's editable install points at the repository).
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(cwd / "src"),
+           **(env or {})}
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 or not check, f"{' '.join(cmd)} failed:\n{output[-4000:]}"
