@@ -34,7 +34,7 @@ class Stage:
     metrics: list = field(default_factory=list)
     plots: list = field(default_factory=list)
     threads: int = 1
-    gpu: int = 0
+    gpu: int | str = 0  # GPUs a job holds: a number, or a key of its recipe (train.devices)
     cache: bool = True
     report: dict = field(default_factory=dict)  # output -> Snakemake --report category
 
@@ -158,6 +158,15 @@ def declared_values(stage: Stage, config: dict, recipe: str | None, bench: str) 
             resolved = resolve(config, name)
             out |= {f"{name}:{k}": lookup(resolved, k) for k in keys}
     return json.dumps(out, sort_keys=True)
+
+
+def gpus(stage: Stage, config: dict, recipe: str | None) -> int:
+    """The GPUs one job of the stage holds (Snakemake's gpu resource)."""
+    from nmt.config import resolve
+
+    if isinstance(stage.gpu, int):
+        return stage.gpu
+    return lookup(resolve(config, recipe), stage.gpu)
 
 
 def log_path(stage: Stage) -> str:
