@@ -100,8 +100,8 @@ class StopSignals:
     at once (KeyboardInterrupt). Under torchrun a Ctrl-C arrives twice within a moment (from
     the terminal, then passed on by torchrun): `echo` seconds after the first are ignored."""
 
-    def __init__(self, echo: float = 0.0):
-        self.signum, self.echo, self._old = 0, echo, {}
+    def __init__(self, echo: float = 0.0, announce: bool = True):
+        self.signum, self.echo, self.announce, self._old = 0, echo, announce, {}
         self._first = 0.0
 
     def __enter__(self) -> StopSignals:
@@ -120,8 +120,9 @@ class StopSignals:
                 raise KeyboardInterrupt
             return
         self.signum, self._first = signum, time.monotonic()
-        print(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving the "
-              "resume state (Ctrl-C again: stop at once)", file=sys.stderr, flush=True)
+        if self.announce:
+                print(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving "
+                  "the resume state (Ctrl-C again: stop at once)", file=sys.stderr, flush=True)
 
 
 def threading_main() -> bool:
@@ -143,6 +144,8 @@ def write(path: Path, state: dict) -> None:
         f.flush()
         test_hook("save", _writes)  # killed here: half a temporary file, the old state intact
         f.write(data[len(data) // 2 :])
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename: a power cut keeps one whole state
 
 
 def read(path: Path) -> tuple[dict | None, str]:

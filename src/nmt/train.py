@@ -23,6 +23,7 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -105,7 +106,9 @@ class Trainer:
         every world.size-th batch of the epoch's seeded order (distributed.shard)."""
         return distributed.shard(self.train_batches.indices(epoch - 1), self.world)
 
+    @cached_property
     def updates_per_epoch(self) -> int:
+        """Optimizer updates an epoch (token batches: epoch 1's count, others differ by a few)."""
         return math.ceil(len(self.plan(1)) / self.t["accumulate"])
 
     def save_due(self) -> bool:
@@ -136,7 +139,7 @@ class Progress:
 
     def where(self, tr: Trainer) -> str:
         return (f"epoch {self.epoch}, step {self.step} of "
-                f"{tr.updates_per_epoch() * tr.t['epochs']}")
+                f"{tr.updates_per_epoch * tr.t['epochs']}")
 
 
 def train(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path, *,
@@ -176,7 +179,7 @@ def train(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir:
 def run_epochs(tr: Trainer, p: Progress) -> None:
     """Train until p.done, a resume state after every epoch; on SIGINT/SIGTERM write one
     after the current step and raise Stopped."""
-    with resume.StopSignals(echo=1.0 if tr.world.group else 0.0) as stop:
+    with resume.StopSignals(echo=1.0 if tr.world.group else 0.0, announce=tr.world.main) as stop:
         try:
             while not p.done(tr.t):
                 if train_epoch(tr, p, stop):
@@ -186,7 +189,8 @@ def run_epochs(tr: Trainer, p: Progress) -> None:
                 if stop.signum:
                     raise stopped(tr, p, stop.signum)
         except KeyboardInterrupt:
-            raise resume.Stopped(130, f"interrupted at once; {kept(tr)}") from None
+            raise resume.Stopped(130, f"interrupted at once; {kept(tr)}"
+                                 if tr.world.main else "") from None
 
 
 def setup(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) -> Trainer:
@@ -308,7 +312,8 @@ def kept(tr: Trainer) -> str:
 
 def stopped(tr: Trainer, p: Progress, signum: int) -> resume.Stopped:
     name = signal.Signals(signum).name
-    return resume.Stopped(128 + signum, f"stopped by {name} at {p.where(tr)}; {kept(tr)}")
+    message = f"stopped by {name} at {p.where(tr)}; {kept(tr)}"
+    return resume.Stopped(128 + signum, message if tr.world.main else "")  # rank 0 tells
 
 
 def long_run_note(seconds_per_update: float, updates_per_epoch: int, epochs: int) -> str | None:
@@ -333,7 +338,7 @@ def train_epoch(tr: Trainer, p: Progress, stop: resume.StopSignals) -> bool:
     """Train the rest of epoch p.epoch, from micro-batch p.batch of its plan on; False if a
     signal stopped it first (its resume state then written)."""
     plan, k = tr.plan(p.epoch), tr.t["accumulate"]
-    total_updates = tr.updates_per_epoch() * tr.t["epochs"]
+    total_updates = tr.updates_per_epoch * tr.t["epochs"]
     tr.model.train()
     start, first_step = time.perf_counter() - p.seconds, p.step
     session = time.perf_counter()
@@ -366,8 +371,8 @@ def train_epoch(tr: Trainer, p: Progress, stop: resume.StopSignals) -> bool:
             per_update = (time.perf_counter() - session) / (p.step - first_step)
             bar.set_postfix(loss=f"{(loss_sum / tokens).item():.3f}",
                             run_eta=duration(per_update * (total_updates - p.step)))
-            if p.step - first_step == 20 and tr.device.type == "cpu":  # timed its first steps
-                note = long_run_note(per_update, tr.updates_per_epoch(), tr.t["epochs"])
+            if p.step - first_step == 20 and tr.device.type == "cpu" and tr.world.main:
+                note = long_run_note(per_update, tr.updates_per_epoch, tr.t["epochs"])
                 if note:
                     log.warning(note)
     bar.close()
