@@ -14,10 +14,12 @@ import signal
 
 import pytest
 import torch
+import yaml
 
 from nmt import cli, resume
 from nmt.config import Run
-from nmt.train import OUTPUTS, StopSignals
+from nmt.resume import StopSignals
+from nmt.train import OUTPUTS
 from train_helpers import assert_same_outputs, nmt_process, params_file, tiny_data, train_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -137,3 +139,64 @@ def test_second_ctrl_c_stops_at_once():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def orchestrate(cmd: list[str], root, kill_at: str | None = None):
+    """Run dvc or snakemake in its own session; kill_at: the test hook, killing the session."""
+    import subprocess
+
+    from test_pipeline import BIN
+
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    env.pop("NMT_TEST_KILL_AT", None)
+    if kill_at:
+        env["NMT_TEST_KILL_AT"] = kill_at
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1200,
+                          start_new_session=True)
+
+
+def report_numbers(root) -> list[dict]:
+    """reports/results.csv without its wall-clock column."""
+    import csv
+
+    with open(root / "reports" / "results.csv") as f:
+        return [{k: v for k, v in row.items() if k != "seconds_per_epoch"}
+                for row in csv.DictReader(f)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", [["dvc", "repro"], ["snakemake", "--cores", "2"]],
+                         ids=["dvc", "snakemake"])
+def test_orchestrator_killed_mid_training_resumes(mirror, tmp_path, cmd):
+    """The orchestrator and its training are SIGKILLed together in epoch 2 (1,000 pairs / 32:
+    32 updates an epoch); run again, the training resumes and the report is the same."""
+    from conftest import edit_params
+    from test_pipeline import scratch_copy
+
+    roots = {}
+    for name in ("whole", "killed"):
+        (tmp_path / name).mkdir()
+        roots[name] = scratch_copy(tmp_path / name)
+        path = roots[name] / "params.yaml"
+        recipes = yaml.safe_load(path.read_text())["recipes"]
+        recipes["published"]["train"]["epochs"] = 2  # the smoke copy's recipes train 1 epoch
+        edit_params(path, recipes=recipes, pipeline={"recipes": ["published"],
+                                                     "models": ["baseline", "scratch"],
+                                                     "seeds": [0]})
+    whole = orchestrate(cmd, roots["whole"])
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+
+    killed = orchestrate(cmd, roots["killed"], kill_at="step:40:KILL:session")
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:] + killed.stderr[-3000:]
+    states = list((roots["killed"] / "results").glob("*/resume.pt"))
+    assert len(states) == 1 and not (states[0].parent / "best.pt").exists()
+    if cmd[0] == "snakemake":  # a SIGKILLed Snakemake leaves its lock; unlocking is its rule
+        orchestrate(cmd + ["--unlock"], roots["killed"])
+    again = orchestrate(cmd, roots["killed"])
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-5000:]
+    logs = "".join(p.read_text() for p in (roots["killed"] / "logs").rglob("*.log")
+                   ) if cmd[0] == "snakemake" else output
+    assert "resuming from epoch 2, step 32 of 64 " in logs
+    assert not states[0].exists()
+    assert report_numbers(roots["killed"]) == report_numbers(roots["whole"])

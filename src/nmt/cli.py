@@ -49,7 +49,8 @@ def cmd_verify(args, params):
 
 def cmd_train(args, params):
     from nmt.distributed import launch, under_torchrun
-    from nmt.train import Stopped, train
+    from nmt.resume import Stopped
+    from nmt.train import train
 
     run, recipe = Run(args.recipe, args.model, args.seed), resolve(params, args.recipe)
     if recipe["train"]["devices"] > 1 and not under_torchrun():

@@ -31,7 +31,7 @@ log = logging.getLogger("nmt.train")
 
 # Seconds a collective waits for the other ranks before the job fails (NMT_DIST_TIMEOUT
 # overrides). Long enough for rank 0 to write a resume state while the others wait.
-TIMEOUT = {"gloo": 300, "nccl": 1800}
+TIMEOUT = {"gloo": 120, "nccl": 1800}
 
 
 @dataclass(frozen=True)

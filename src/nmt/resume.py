@@ -1,4 +1,4 @@
-"""The resume state of an unfinished training run: <run_dir>/resume.pt.
+"""Interrupted training: the resume state <run_dir>/resume.pt, and stopping on a signal.
 
 Not a declared output of any stage (git and DVC ignore it); written atomically at the end of
 every epoch and, with train.save_every_minutes, within one; removed when the stage completes.
@@ -16,11 +16,13 @@ Format (a dict):
                     recent (the averaging buffer)
 The batch order itself is not stored: it follows from (seed, epoch) (nmt.data.Batches).
 
-The test hook NMT_TEST_KILL_AT (see `test_hook`) is read here and nowhere else.
+SIGINT/SIGTERM (`StopSignals`) let the current step finish; the loop then writes the state and
+raises `Stopped` (exit 130/143). The test hook NMT_TEST_KILL_AT (`test_hook`) is read here only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -28,6 +30,9 @@ import logging
 import os
 import random
 import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -83,6 +88,48 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+class Stopped(Exception):
+    """Training stopped by a signal with its resume state kept; `code` is the exit status."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class StopSignals:
+    """SIGINT and SIGTERM ask the loop to stop after the current step; a second Ctrl-C stops
+    at once (KeyboardInterrupt). Under torchrun a Ctrl-C arrives twice within a moment (from
+    the terminal, then passed on by torchrun): `echo` seconds after the first are ignored."""
+
+    def __init__(self, echo: float = 0.0, announce: bool = True):
+        self.signum, self.echo, self.announce, self._old = 0, echo, announce, {}
+        self._first = 0.0
+
+    def __enter__(self) -> StopSignals:
+        if threading_main():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum:
+            if signum == signal.SIGINT and time.monotonic() - self._first >= self.echo:
+                raise KeyboardInterrupt
+            return
+        self.signum, self._first = signum, time.monotonic()
+        if self.announce:
+                print(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving "
+                  "the resume state (Ctrl-C again: stop at once)", file=sys.stderr, flush=True)
+
+
+def threading_main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 _writes = 0  # resume states this process began to write (for the test hook)
 
 
@@ -98,6 +145,8 @@ def write(path: Path, state: dict) -> None:
         f.flush()
         test_hook("save", _writes)  # killed here: half a temporary file, the old state intact
         f.write(data[len(data) // 2 :])
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename: a power cut keeps one whole state
 
 
 def read(path: Path) -> tuple[dict | None, str]:
@@ -127,12 +176,13 @@ def remove_temporaries(run_dir: Path, names: tuple[str, ...]) -> None:
 
 
 def test_hook(point: str, count: int) -> None:
-    """For tests: NMT_TEST_KILL_AT=<point>:<n>[:<SIGNAL>][@<rank>] makes this process send
-    itself SIGNAL (default KILL) when `point` happens for the n-th time.
+    """For tests: NMT_TEST_KILL_AT=<point>:<n>[:<SIGNAL>[:session]][@<rank>] makes this process
+    send itself SIGNAL (default KILL) when `point` happens for the n-th time.
 
     Points: step (after optimizer update n of the run), save (half-way through writing the
     n-th resume state of this process), valid (after the first batch of the n-th validation
-    of this process). @rank limits it to one process of a distributed run.
+    of this process). `session`: every process of this session gets it too (an orchestrator
+    killed together with its job). @rank limits it to one process of a distributed run.
     """
     spec = os.environ.get("NMT_TEST_KILL_AT")
     if not spec:
@@ -140,6 +190,23 @@ def test_hook(point: str, count: int) -> None:
     spec, _, rank = spec.partition("@")
     if rank and rank != os.environ.get("RANK", "0"):
         return
-    where, n, *sig = spec.split(":")
-    if where == point and int(n) == count:
-        os.kill(os.getpid(), getattr(signal, f"SIG{sig[0] if sig else 'KILL'}"))
+    where, n, *rest = spec.split(":")
+    if where != point or int(n) != count:
+        return
+    sig = getattr(signal, f"SIG{rest[0] if rest else 'KILL'}")
+    if rest[1:] == ["session"]:
+        for pid in session_pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+    os.kill(os.getpid(), sig)
+
+
+def session_pids() -> list[int]:
+    """The other processes of this process's session (Linux /proc)."""
+    mine, out = os.getsid(0), []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry.name)) == mine:
+                    out.append(int(entry.name))
+    return out

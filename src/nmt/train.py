@@ -6,8 +6,9 @@ the run lives in resume.pt (nmt/resume.py): `nmt train` again continues it where
 with the numbers an uninterrupted run gives; SIGINT/SIGTERM stop after the current step.
 
 Reading order: `train` (the stage), `setup` (what a run trains with), `start` (fresh or
-resumed), `train_epoch` and `update` (the loop), `end_epoch` (validation, best, patience),
-`save_state`, `average_recent`, `write_outputs`.
+resumed), `run_epochs`, `train_epoch` and `update` (the loop), `end_epoch` (validation, best,
+patience), `save_state`, `average_recent`, `write_outputs`. Several processes (train.devices,
+torchrun): nmt/distributed.py; the resume state's format: nmt/resume.py.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import math
 import os
 import shutil
 import signal
-import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -107,7 +107,9 @@ class Trainer:
         every world.size-th batch of the epoch's seeded order (distributed.shard)."""
         return distributed.shard(self.train_batches.indices(epoch - 1), self.world)
 
+    @cached_property
     def updates_per_epoch(self) -> int:
+        """Optimizer updates an epoch (token batches: epoch 1's count, others differ by a few)."""
         return math.ceil(len(self.plan(1)) / self.t["accumulate"])
 
     def save_due(self) -> bool:
@@ -138,72 +140,22 @@ class Progress:
 
     def where(self, tr: Trainer) -> str:
         return (f"epoch {self.epoch}, step {self.step} of "
-                f"{tr.updates_per_epoch() * tr.t['epochs']}")
-
-
-class Stopped(Exception):
-    """Training stopped by a signal with its resume state kept; `code` is the exit status."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-class StopSignals:
-    """SIGINT and SIGTERM ask the loop to stop after the current step; a second Ctrl-C stops
-    at once (KeyboardInterrupt). Under torchrun a Ctrl-C arrives twice within a moment (from
-    the terminal, then passed on by torchrun): `echo` seconds after the first are ignored."""
-
-    def __init__(self, echo: float = 0.0):
-        self.signum, self.echo, self._old = 0, echo, {}
-        self._first = 0.0
-
-    def __enter__(self) -> StopSignals:
-        if threading_main():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum:
-            if signum == signal.SIGINT and time.monotonic() - self._first >= self.echo:
-                raise KeyboardInterrupt
-            return
-        self.signum, self._first = signum, time.monotonic()
-        print(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving the "
-              "resume state (Ctrl-C again: stop at once)", file=sys.stderr, flush=True)
-
-
-def threading_main() -> bool:
-    return threading.current_thread() is threading.main_thread()
+                f"{tr.updates_per_epoch * tr.t['epochs']}")
 
 
 def train(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path, *,
           restart: bool = False) -> dict:
     """Train one (recipe, model, seed) run; returns the summary also written to train.json.
 
-    Continues a matching resume state in run_dir unless `restart`; raises Stopped on a signal.
+    Continues a matching resume state in run_dir unless `restart`; a signal raises
+    resume.Stopped.
     """
     tr = setup(params, run, tokenized_dir, vocab_dir, run_dir)
     try:
         if tr.world.main:
             check_room(tr.run_dir, tr.n_params, tr.t["average_last"])
         p = start(tr, restart)
-        with StopSignals(echo=1.0 if tr.world.group else 0.0) as stop:
-            try:
-                while not p.done(tr.t):
-                    if train_epoch(tr, p, stop):
-                        end_epoch(tr, p)
-                        save_state(tr, p)
-                    stop.signum = tr.world.max([stop.signum])[0]  # ranks agree
-                    if stop.signum:
-                        raise stopped(tr, p, stop.signum)
-            except KeyboardInterrupt:
-                raise Stopped(130, f"interrupted at once; {kept(tr)}") from None
+        run_epochs(tr, p)
         if not math.isfinite(p.best_loss):
             raise NmtError(f"{run.name}: the validation loss never became finite "
                            "(fix: lower train.lr or set train.clip_grad_norm)")
@@ -217,12 +169,29 @@ def train(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir:
         why = distributed.lost_peer(e) if tr.world.group else None
         if why is None:
             raise
-        if threading_main():  # torchrun's SIGTERM to the survivors must not cut this line off
+        if resume.threading_main():  # torchrun SIGTERMs the survivors: let this line out first
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise NmtError(f"rank {tr.world.rank}: another training process failed or vanished "
                        f"({why}); {kept(tr)}") from None
     finally:
         distributed.leave()
+
+
+def run_epochs(tr: Trainer, p: Progress) -> None:
+    """Train until p.done, a resume state after every epoch; on SIGINT/SIGTERM write one
+    after the current step and raise Stopped."""
+    with resume.StopSignals(echo=1.0 if tr.world.group else 0.0, announce=tr.world.main) as stop:
+        try:
+            while not p.done(tr.t):
+                if train_epoch(tr, p, stop):
+                    end_epoch(tr, p)
+                    save_state(tr, p)
+                stop.signum = tr.world.max([stop.signum])[0]  # ranks agree
+                if stop.signum:
+                    raise stopped(tr, p, stop.signum)
+        except KeyboardInterrupt:
+            raise resume.Stopped(130, f"interrupted at once; {kept(tr)}"
+                                 if tr.world.main else "") from None
 
 
 def setup(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) -> Trainer:
@@ -342,9 +311,10 @@ def kept(tr: Trainer) -> str:
             f"({', '.join(OUTPUTS)} appear when training completes)")
 
 
-def stopped(tr: Trainer, p: Progress, signum: int) -> Stopped:
+def stopped(tr: Trainer, p: Progress, signum: int) -> resume.Stopped:
     name = signal.Signals(signum).name
-    return Stopped(128 + signum, f"stopped by {name} at {p.where(tr)}; {kept(tr)}")
+    message = f"stopped by {name} at {p.where(tr)}; {kept(tr)}"
+    return resume.Stopped(128 + signum, message if tr.world.main else "")  # rank 0 tells
 
 
 def long_run_note(seconds_per_update: float, updates_per_epoch: int, epochs: int) -> str | None:
@@ -365,11 +335,11 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def train_epoch(tr: Trainer, p: Progress, stop: StopSignals) -> bool:
+def train_epoch(tr: Trainer, p: Progress, stop: resume.StopSignals) -> bool:
     """Train the rest of epoch p.epoch, from micro-batch p.batch of its plan on; False if a
     signal stopped it first (its resume state then written)."""
     plan, k = tr.plan(p.epoch), tr.t["accumulate"]
-    total_updates = tr.updates_per_epoch() * tr.t["epochs"]
+    total_updates = tr.updates_per_epoch * tr.t["epochs"]
     tr.model.train()
     start, first_step = time.perf_counter() - p.seconds, p.step
     session = time.perf_counter()
@@ -402,8 +372,8 @@ def train_epoch(tr: Trainer, p: Progress, stop: StopSignals) -> bool:
             per_update = (time.perf_counter() - session) / (p.step - first_step)
             bar.set_postfix(loss=f"{(loss_sum / tokens).item():.3f}",
                             run_eta=duration(per_update * (total_updates - p.step)))
-            if p.step - first_step == 20 and tr.device.type == "cpu":  # timed its first steps
-                note = long_run_note(per_update, tr.updates_per_epoch(), tr.t["epochs"])
+            if p.step - first_step == 20 and tr.device.type == "cpu" and tr.world.main:
+                note = long_run_note(per_update, tr.updates_per_epoch, tr.t["epochs"])
                 if note:
                     log.warning(note)
     bar.close()
