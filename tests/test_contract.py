@@ -172,7 +172,8 @@ def dvc_changed(root: Path) -> set[str]:
     from dvc.repo import Repo
 
     with Repo(str(root)) as repo:
-        return {name for name in repo.status() if not name.startswith("config@")}
+        names = {name.rpartition("dvc.yaml:")[2] for name in repo.status()}
+    return {name for name in names if not name.startswith("config@")}
 
 
 def snakemake_jobs(root: Path) -> set[str]:

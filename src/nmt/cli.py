@@ -104,7 +104,7 @@ def cmd_config(args, params):
     # Written only when its content changes: an unchanged recipe keeps its bytes and mtime.
     text = yaml.safe_dump(resolve(params, args.recipe).plain() if isinstance(
         params, Tracked) else resolve(params, args.recipe), sort_keys=True)
-    out = args.out or RESULTS / "config" / f"{args.recipe}.yaml"
+    out = args.out or Path("params") / f"{args.recipe}.yaml"
     if not out.is_file() or out.read_text() != text:
         write_text(out, text)
 
@@ -160,9 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = stage("config", cmd_config,
               "Resolve one recipe (the top-level sections with its overrides merged over "
-              "them) and write results/config/<recipe>.yaml, whose keys the later stages "
+              "them) and write params/<recipe>.yaml, whose keys the later stages "
               "declare as parameters.", [recipe])
-    s.add_argument("--out", type=Path, default=None, help="default: results/config/<recipe>.yaml")
+    s.add_argument("--out", type=Path, default=None, help="default: params/<recipe>.yaml")
 
     s = stage("vocab", cmd_vocab,
               "Read data/tokenized (train split only) and write one recipe's vocabulary to "

@@ -42,7 +42,8 @@ def token_loss(model, src, tgt, device, label_smoothing: float = 0.0, reduction:
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     with autocast(device):
         logits = model(src, tgt_in)  # (B, T, V)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID,
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up, fp64 kept
+    loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID,
                            reduction="sum" if reduction == "sum" else "none",
                            label_smoothing=label_smoothing)
     if reduction != "sum":
