@@ -84,8 +84,8 @@ class Trainer:
     train_batches: Batches
     valid_batches: Batches
     vocab_sizes: tuple[int, int]
-    vocab_sha256: str  # the vocabulary's fingerprint, recorded in checkpoints
     config: dict  # what a resume state must match (resume.config_key)
+    vocab_sha256: str = ""  # the vocabulary's fingerprint, recorded in checkpoints
     saved: str = ""  # where the last resume state written or found stands
     last_save: float = field(default_factory=time.monotonic)
     validations: int = 0  # validation passes of this process (for the test hook)
@@ -228,8 +228,9 @@ def setup(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir:
                          shuffle=True, seed=run.seed),
                  Batches(valid_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
                          shuffle=False),
-                 (len(src_codec), len(tgt_codec)), checkpoint.vocab_fingerprint(vocab_dir),
-                 resume.config_key(params, run.name, run.seed, vocab_dir, world.size))
+                 (len(src_codec), len(tgt_codec)),
+                 resume.config_key(params, run.name, run.seed, vocab_dir, world.size),
+                 checkpoint.vocab_fingerprint(vocab_dir))
     on = f"{world.size} processes ({device.type})" if world.group else str(device)
     log.info("%s: %s parameters on %s", run.name, f"{tr.n_params:,}", on)
     return tr
