@@ -1,17 +1,6 @@
-"""Position-wise feed-forward network, as in the encoder-decoder (ReLU, dropout inside)."""
+"""Position-wise feed-forward network: the encoder-decoder's block, FFN(x) = max(0, x W1 + b1)
+W2 + b2 with dropout after the ReLU (nmt/models/scratch/feed_forward.py), used as it is."""
 
-import torch
-import torch.nn as nn
+from nmt.models.scratch.feed_forward import FeedForward
 
-
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2."""
-
-    def __init__(self, d_model: int, dim_feedforward: int, dropout: float):
-        super().__init__()
-        self.w1 = nn.Linear(d_model, dim_feedforward)
-        self.w2 = nn.Linear(dim_feedforward, d_model)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.dropout(self.w1(x).relu()))  # (B, T, D)
+__all__ = ["FeedForward"]
