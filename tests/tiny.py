@@ -53,9 +53,11 @@ def tiny_recipe(recipe: dict) -> dict:
         recipe["model"].update(TINY["model"])
     if "bpe_size" in recipe.get("vocab", {}):
         recipe["vocab"]["bpe_size"] = 500
-    train = recipe.setdefault("train", {})
-    train.update(epochs=1, average_last=min(train.get("average_last", 0), 1))
-    recipe.setdefault("evaluate", {}).update(beam_size=2)
+    if "train" in recipe:  # the top level (published) trains 1 epoch already
+        recipe["train"].update(epochs=1, average_last=min(recipe["train"].get("average_last",
+                                                                              0), 1))
+    if "evaluate" in recipe:
+        recipe["evaluate"].update(beam_size=2)
     return recipe
 
 
