@@ -126,7 +126,6 @@ def test_other_settings_or_restart_set_the_state_aside(setup, tmp_path, caplog):
 def test_resume_state_outside_the_declared_outputs(setup):
     """resume.pt is in no stage's outputs (DVC and Snakemake would delete or track it)."""
     from conftest import REPO
-
     from nmt.stages import load
 
     for stage in load(REPO / "workflow" / "stages.yaml").values():  # both tools' outputs
