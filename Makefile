@@ -10,7 +10,7 @@ ifneq ($(wildcard $(MIRROR)/SHA256SUMS),)
 export MULTI30K_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: setup test reproduce smoke lint lock clean
+.PHONY: setup test reproduce demo smoke lint lock clean
 
 setup: $(VENV)/.installed  ## create .venv with the pinned dependencies (torch==2.13.0 included)
 
@@ -25,6 +25,13 @@ test: setup  ## the whole test suite, the smoke runs of both orchestrators inclu
 
 reproduce: setup  ## the whole comparison: download ... report (`dvc repro`)
 	$(BIN)/dvc repro
+
+# The whole comparison at a CPU-friendly size (recipe `demo`, baseline and scratch) as a DVC
+# experiment: params.yaml in the workspace then holds these settings and reports/ the result;
+# `dvc exp show` lists it, `git checkout params.yaml dvc.lock reports` goes back.
+demo: setup  ## the comparison on a laptop: recipe demo, about 30 minutes on 2 CPU cores
+	$(BIN)/dvc exp run -S 'pipeline.recipes=[demo]' -S 'pipeline.models=[baseline,scratch]' \
+		-S 'pipeline.seeds=[0]' -S 'bench.recipe=demo'
 
 smoke: setup  ## the whole pipeline on tiny settings in a scratch copy, with DVC and Snakemake
 	$(BIN)/python -m pytest -m slow tests/test_pipeline.py
