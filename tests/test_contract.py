@@ -84,7 +84,8 @@ def test_every_stage_declares_what_it_reads(tool, request):
         unused += [f"{stage.name}: {k}" for k in sorted(
             under(stage.params, params) - set(line["params"]) if "params.yaml"
             not in stage.params else ())]
-    assert seen == set(STAGES), "a stage never ran"
+    # Under Snakemake nothing consumes the config stage's files, so it is never run there.
+    assert seen == set(STAGES) - ({"config"} if tool == "snakemake_run" else set())
     print("declared, never read:", *sorted(set(unused)), sep="\n  ")
 
 
