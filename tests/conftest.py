@@ -85,7 +85,8 @@ def dvc_run(tmp_path_factory, mirror) -> Path:
     from tiny import run, scratch_copy
 
     root = scratch_copy(tmp_path_factory.mktemp("dvc"))
-    run(["dvc", "repro"], root, env={"NMT_TRACK_READS": str(root / "reads.jsonl")})
+    out = run(["dvc", "repro"], root, env={"NMT_TRACK_READS": str(root / "reads.jsonl")})
+    (root / "repro.log").write_text(out)
     return root
 
 
@@ -95,5 +96,7 @@ def snakemake_run(tmp_path_factory, mirror) -> Path:
     from tiny import run, scratch_copy
 
     root = scratch_copy(tmp_path_factory.mktemp("snakemake"))
-    run(["snakemake", "--cores", "2"], root, env={"NMT_TRACK_READS": str(root / "reads.jsonl")})
+    # gpu=2: the tiny tuned recipe trains with train.devices 2 (two Gloo processes).
+    run(["snakemake", "--cores", "2", "--resources", "gpu=2"], root,
+        env={"NMT_TRACK_READS": str(root / "reads.jsonl")})
     return root

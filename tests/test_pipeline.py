@@ -25,8 +25,17 @@ def test_dvc_repro(dvc_run):
 
 def test_snakemake(snakemake_run):
     check_report(snakemake_run)
-    second = run(["snakemake", "--cores", "2"], snakemake_run)
+    second = run(["snakemake", "--cores", "2", "--resources", "gpu=2"], snakemake_run)
     assert "Nothing to be done" in second, second
+
+
+def test_both_orchestrators_train_with_two_processes(dvc_run, snakemake_run):
+    """train.devices: 2 (the tiny tuned recipe) makes `nmt train` launch torchrun with two
+    Gloo processes, under either tool."""
+    assert "tuned-scratch-s0: " in (dvc_run / "repro.log").read_text()
+    assert "on 2 processes (cpu)" in (dvc_run / "repro.log").read_text()
+    log = (snakemake_run / "logs" / "train-tuned-scratch-0.log").read_text()
+    assert "on 2 processes (cpu)" in log
 
 
 def test_both_orchestrators_give_the_same_numbers(dvc_run, snakemake_run):

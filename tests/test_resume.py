@@ -173,7 +173,7 @@ def test_orchestrator_killed_mid_training_resumes(mirror, tmp_path, cmd):
     """The orchestrator and its training are SIGKILLed together in epoch 2 (1,000 pairs / 32:
     32 updates an epoch); run again, the training resumes and the report is the same."""
     from conftest import edit_params
-    from test_pipeline import scratch_copy
+    from tiny import scratch_copy
 
     roots = {}
     for name in ("whole", "killed"):
@@ -181,7 +181,7 @@ def test_orchestrator_killed_mid_training_resumes(mirror, tmp_path, cmd):
         roots[name] = scratch_copy(tmp_path / name)
         path = roots[name] / "params.yaml"
         recipes = yaml.safe_load(path.read_text())["recipes"]
-        recipes["published"]["train"]["epochs"] = 2  # the smoke copy's recipes train 1 epoch
+        recipes["published"].setdefault("train", {})["epochs"] = 2  # the smoke copy trains 1
         edit_params(path, recipes=recipes, pipeline={"recipes": ["published"],
                                                      "models": ["baseline", "scratch"],
                                                      "seeds": [0]})

@@ -24,6 +24,9 @@ TINY = {
     "evaluate": {"beam_size": 2, "batch_size": 50},
     "bench": {"steps": 2, "repeats": 1, "sentences": 10},
     "report": {"samples": 3},
+    # Two seeds: the report's spread, bootstrap and seed tests run for real.
+    "pipeline": {"recipes": ["published", "tuned"],
+                 "models": ["baseline", "scratch", "decoder_only"], "seeds": [0, 1]},
 }
 
 
@@ -56,6 +59,8 @@ def tiny_recipe(recipe: dict) -> dict:
     if "train" in recipe:  # the top level (published) trains 1 epoch already
         recipe["train"].update(epochs=1, average_last=min(recipe["train"].get("average_last",
                                                                               0), 1))
+    if recipe.get("train", {}).get("batch_by") == "tokens":  # tuned: 2 DDP processes (Gloo)
+        recipe["train"]["devices"] = 2
     if "evaluate" in recipe:
         recipe["evaluate"].update(beam_size=2)
     return recipe
@@ -80,7 +85,11 @@ def check_report(root: Path) -> None:
     expected = {(r, m, t) for r in p["recipes"] for m in p["models"]
                 for t in params["evaluate"]["testsets"]}
     assert {(r["recipe"], r["model"], r["testset"]) for r in rows} >= expected
+    assert {r["seed"] for r in rows} == {str(s) for s in p["seeds"]}
     report = (root / "reports" / "report.md").read_text()
     for heading in ("## Verification", "## Setup"):
         assert heading in report
+    # Each recipe: mean ± std over the seeds, and verdicts with a CI and a p-value.
+    assert report.count("scratch - baseline:") >= 2 * len(p["recipes"])
+    assert "± " in report and "95% CI" in report and "p = " in report
     assert (root / "reports" / "figures" / "loss.png").stat().st_size > 1000
