@@ -147,7 +147,7 @@ def orchestrate(cmd: list[str], root, kill_at: str | None = None):
     """Run dvc or snakemake in its own session; kill_at: the test hook, killing the session."""
     import subprocess
 
-    from test_pipeline import BIN
+    from tiny import BIN
 
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
     env.pop("NMT_TEST_KILL_AT", None)

@@ -153,7 +153,12 @@ def launch(nproc: int, argv: list[str]) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "nmt", *argv]
     log.info("train.devices is %d: %s", nproc, " ".join(cmd))
-    proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+    # This process's thread count (nmt.cli.set_threads), shared out: torchrun would set 1 when
+    # OMP_NUM_THREADS is unset (DVC) and keep it when set (Snakemake), and the thread count
+    # changes the low digits of CPU results.
+    threads = str(max(1, torch.get_num_threads() // nproc))
+    proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent,
+                            env={**os.environ, "OMP_NUM_THREADS": threads})
     got = []
 
     def forward(signum, frame):
