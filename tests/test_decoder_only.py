@@ -23,6 +23,7 @@ from nmt.models.decoder_only import model as model_module
 from nmt.runtime import token_loss
 from nmt.search import DecodeConfig, output_limits, translate_batches
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
+from test_models import padded_batch
 
 CFG = ModelConfig(num_encoder_layers=1, num_decoder_layers=1, d_model=32, nhead=4,
                   dim_feedforward=64, dropout=0.1, max_len=64)
@@ -30,17 +31,6 @@ TIED = dataclasses.replace(CFG, tie_embeddings=True)
 CAUSAL = dataclasses.replace(CFG, attention="causal")
 SRC_V, TGT_V = 50, 40
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def padded_batch():
-    """Source and target with <bos>=2 ... <eos>=3 and right padding (<pad>=1) in some rows."""
-    src = torch.tensor([[2, 11, 12, 13, 14, 15, 3],
-                        [2, 16, 17, 3, 1, 1, 1],
-                        [2, 18, 3, 1, 1, 1, 1]])
-    tgt = torch.tensor([[2, 21, 22, 23, 3, 1],
-                        [2, 24, 25, 26, 27, 3],
-                        [2, 28, 3, 1, 1, 1]])
-    return src, tgt
 
 
 def tiny(cfg=CFG, src_v=SRC_V, tgt_v=TGT_V, seed=0, dtype=torch.float64):

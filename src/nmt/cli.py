@@ -10,11 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from nmt.config import NmtError, Run, Tracked, load_params, resolve
+from nmt.config import MODEL_NAMES, NmtError, Run, Tracked, load_params, resolve
 
 RAW, TOKENIZED, VOCAB, RESULTS, REPORTS = (
     Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"))
-MODEL_CHOICES = ("baseline", "scratch", "decoder_only")
 TORCH_STAGES = {"verify", "train", "evaluate", "bench", "translate"}
 DEFAULT_THREADS = 8  # the `threads:` that workflow/stages.yaml declares for the torch stages
 
@@ -102,8 +101,7 @@ def cmd_config(args, params):
     from nmt.files import write_text
 
     # Written only when its content changes: an unchanged recipe keeps its bytes and mtime.
-    text = yaml.safe_dump(resolve(params, args.recipe).plain() if isinstance(
-        params, Tracked) else resolve(params, args.recipe), sort_keys=True)
+    text = yaml.safe_dump(resolve(params, args.recipe), sort_keys=True)
     out = args.out or Path("params") / f"{args.recipe}.yaml"
     if not out.is_file() or out.read_text() != text:
         write_text(out, text)
@@ -138,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     results = argparse.ArgumentParser(add_help=False)
     results.add_argument("--results", type=Path, default=RESULTS)
     run = argparse.ArgumentParser(add_help=False, parents=[recipe, data, results])
-    run.add_argument("--model", required=True, choices=MODEL_CHOICES)
+    run.add_argument("--model", required=True, choices=MODEL_NAMES)
     run.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
 
     def stage(name, func, help_, parents=()):

@@ -12,6 +12,7 @@ import yaml
 
 SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
 RECIPE_SECTIONS = ("vocab", "model", "train", "evaluate")
+MODEL_NAMES = ("baseline", "scratch", "decoder_only")  # nmt.models.MODELS builds each
 
 
 class NmtError(ValueError):
@@ -307,4 +308,6 @@ class Tracked(dict):
 
 
 # yaml.safe_dump of a tracked section writes (and so reads) every key under it.
-yaml.SafeDumper.add_representer(Tracked, lambda dumper, data: dumper.represent_dict(data.items()))
+# (As a plain dict, so sort_keys sorts it like any other mapping.)
+yaml.SafeDumper.add_representer(
+    Tracked, lambda dumper, data: dumper.represent_dict(dict(data.items())))

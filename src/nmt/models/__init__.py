@@ -12,14 +12,14 @@ layer, with at least "decoder_cross": (B, H, T, S) per layer, target queries ove
 
 import torch.nn as nn
 
-from nmt.config import ModelConfig
+from nmt.config import MODEL_NAMES, ModelConfig
 from nmt.models.baseline import BaselineTransformer
 from nmt.models.decoder_only import DecoderOnlyTransformer
 from nmt.models.scratch import ScratchTransformer
 
 MODELS = {"baseline": BaselineTransformer, "scratch": ScratchTransformer,
           "decoder_only": DecoderOnlyTransformer}
-MODEL_NAMES = tuple(MODELS)
+assert tuple(MODELS) == MODEL_NAMES  # the torch-free list the CLI and schema offer
 
 
 def build_model(name: str, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
