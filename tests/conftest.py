@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from nmt.config import load_params
+from nmt.params import load_params
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,10 @@ import yaml
 
 from conftest import REPO, edit_params
 from nmt.cli import main
-from nmt.config import NmtError, Run, load_params, resolve
+from nmt.errors import NmtError
+from nmt.params import load_params
+from nmt.recipes import resolve
+from nmt.runs import Run
 
 
 def test_repository_params_are_valid():

@@ -24,7 +24,9 @@ import yaml
 from conftest import REPO
 from nmt import stages
 from nmt.cli import main
-from nmt.config import NmtError, load_params, resolve
+from nmt.errors import NmtError
+from nmt.params import load_params
+from nmt.recipes import resolve
 from tiny import run
 
 pytestmark = pytest.mark.slow

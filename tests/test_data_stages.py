@@ -8,9 +8,10 @@ import pytest
 import sacrebleu
 
 from conftest import REPO
-from nmt.config import NmtError, load_params
 from nmt.data import Batches, load_pairs
 from nmt.download import SUMS, download, read_sums, sha256
+from nmt.errors import NmtError
+from nmt.params import load_params
 from nmt.text import detokenize, read_lines, read_tokens, tokenize_lines
 from nmt.tokenize import tokenize
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIALS, build_vocab, load_codecs

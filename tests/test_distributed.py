@@ -18,10 +18,10 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from nmt import checkpoint, cli
-from nmt.config import ModelConfig, Run
 from nmt.data import Batches, load_pairs
 from nmt.distributed import World, shard, wrap
-from nmt.models import build_model
+from nmt.models import ModelConfig, build_model
+from nmt.runs import Run
 from nmt.train import OUTPUTS, Trainer, lr_factor, update
 from nmt.vocab import PAD_ID, load_codecs
 from train_helpers import (

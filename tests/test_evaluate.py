@@ -11,10 +11,12 @@ import torch
 from conftest import REPO
 from nmt.checkpoint import load, save
 from nmt.cli import main
-from nmt.config import Run, load_params, resolve
 from nmt.data import Batches, load_pairs
 from nmt.evaluate import evaluate, score, signatures
 from nmt.models import ModelConfig, build_model
+from nmt.params import load_params
+from nmt.recipes import resolve
+from nmt.runs import Run
 from nmt.runtime import corpus_loss
 from nmt.text import read_lines
 from nmt.vocab import UNK_ID, load_codecs

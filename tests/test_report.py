@@ -14,8 +14,10 @@ import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
 from nmt import report as rp
-from nmt.config import NmtError, Run, load_params
+from nmt.errors import NmtError
 from nmt.files import write_json, write_text
+from nmt.params import load_params
+from nmt.runs import Run
 
 REPO = Path(__file__).resolve().parents[1]
 T16, T17 = "test_2016_flickr", "test_2017_flickr"

@@ -17,8 +17,8 @@ import torch
 import yaml
 
 from nmt import cli, resume
-from nmt.config import Run
 from nmt.resume import StopSignals
+from nmt.runs import Run
 from nmt.train import OUTPUTS
 from train_helpers import assert_same_outputs, nmt_process, params_file, tiny_data, train_argv
 

@@ -21,8 +21,10 @@ import nmt
 from conftest import REPO
 from nmt.checkpoint import check_vocab, load, save, vocab_fingerprint
 from nmt.cli import main
-from nmt.config import ModelConfig, NmtError, Run, load_params
-from nmt.models import build_model
+from nmt.errors import NmtError
+from nmt.models import ModelConfig, build_model
+from nmt.params import load_params
+from nmt.runs import Run
 from nmt.vocab import load_codecs
 
 TINY = ModelConfig(num_encoder_layers=1, num_decoder_layers=1, d_model=16, nhead=2,

@@ -13,7 +13,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
 from nmt import stats
-from nmt.config import NmtError
+from nmt.errors import NmtError
 
 
 @pytest.fixture(scope="module")

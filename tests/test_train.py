@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from nmt import checkpoint
-from nmt.config import NmtError, Run
 from nmt.data import Batches, load_pairs
+from nmt.errors import NmtError
+from nmt.runs import Run
 from nmt.runtime import corpus_loss
 from nmt.train import long_run_note, lr_factor, train
 from nmt.vocab import load_codecs

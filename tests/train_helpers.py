@@ -14,7 +14,8 @@ from pathlib import Path
 import yaml
 
 from conftest import REPO
-from nmt.config import load_params, resolve
+from nmt.params import load_params
+from nmt.recipes import resolve
 from nmt.train import TIMING_FIELDS
 
 TINY_MODEL = {"num_encoder_layers": 1, "num_decoder_layers": 1, "d_model": 32, "nhead": 2,

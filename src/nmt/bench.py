@@ -17,10 +17,9 @@ from itertools import islice
 
 import torch
 
-from nmt.config import ModelConfig
 from nmt.data import Batches, load_pairs
 from nmt.files import write_json
-from nmt.models import build_model
+from nmt.models import ModelConfig, build_model
 from nmt.runtime import autocast, pick_device, seed_everything, token_loss
 from nmt.search import DecodeConfig, translate_batches
 from nmt.vocab import PAD_ID, load_codecs
@@ -104,8 +103,8 @@ def interleaved(runs: dict, repeats: int, device) -> tuple[dict, dict]:
 
 
 def bench(args, params: dict) -> dict:
-    from nmt.config import resolve
     from nmt.models.mapping import baseline_to_scratch
+    from nmt.recipes import resolve
 
     r = resolve(params, args.recipe)
     b = {k: params["bench"][k] if getattr(args, k) is None else getattr(args, k)

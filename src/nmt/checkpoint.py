@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
-from nmt.config import ModelConfig, NmtError, Run
+from nmt.errors import NmtError
 from nmt.files import atomic_path
+from nmt.models import MODELS, ModelConfig, build_model
+from nmt.runs import Run
 
 # What `save` writes besides the extras, and the type each must have.
 FIELDS = {"model": str, "recipe": str, "model_config": dict, "src_vocab_size": int,
@@ -104,9 +106,7 @@ def check_run(path: Path, ckpt: dict, expect: Run) -> None:
 
 def build(path: Path, ckpt: dict) -> torch.nn.Module:
     """The model the checkpoint describes, its weights loaded; checked key by key and shape."""
-    from nmt.models import MODEL_NAMES, build_model
-
-    if ckpt["model"] not in MODEL_NAMES:
+    if ckpt["model"] not in MODELS:
         raise foreign(path, f"unknown model {ckpt['model']!r}")
     try:
         cfg = ModelConfig.from_dict(ckpt["model_config"])

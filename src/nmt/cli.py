@@ -10,7 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from nmt.config import MODEL_NAMES, NmtError, Run, Tracked, load_params, resolve
+from nmt.errors import NmtError
+from nmt.params import load_params
+from nmt.recipes import resolve
+from nmt.runs import MODEL_NAMES, Run
 
 RAW, TOKENIZED, VOCAB, RESULTS, REPORTS = (
     Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"))
@@ -247,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params(args.params)
         if os.environ.get("NMT_TRACK_READS"):  # tests: which keys and modules a stage uses
-            params = Tracked(params, reads)
+            from nmt.tracking import start_tracking
+
+            params = start_tracking(params, reads)
         if args.stage in TORCH_STAGES:
             set_threads()
         return args.func(args, params) or 0
@@ -271,7 +276,8 @@ def record_reads(path: Path, stage: str, reads: set) -> None:
     """Append {stage, params, recipe_params, modules} as one JSON line (tests only)."""
     import json
 
-    modules = sorted(m for m in sys.modules if m == "nmt" or m.startswith("nmt."))
+    modules = sorted(m for m in sys.modules if (m == "nmt" or m.startswith("nmt."))
+                     and m != "nmt.tracking")  # the recording itself is no stage's code
     line = {"stage": stage, "modules": modules,
             "params": sorted(k for ns, k in reads if ns == "params"),
             "recipe_params": sorted(k for ns, k in reads if ns == "recipe")}

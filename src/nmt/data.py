@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.config import NmtError
+from nmt.errors import NmtError
 from nmt.text import read_lines, read_tokens
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
 

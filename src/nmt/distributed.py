@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from nmt.config import NmtError
+from nmt.errors import NmtError
 from nmt.runtime import pick_device
 
 log = logging.getLogger("nmt.train")

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from nmt.config import NmtError
+from nmt.errors import NmtError
 from nmt.files import atomic_dir
 
 log = logging.getLogger("nmt.download")

@@ -15,9 +15,10 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 
 from nmt.checkpoint import check_vocab, load
-from nmt.config import NmtError, Run
 from nmt.data import Batches, load_pairs
+from nmt.errors import NmtError
 from nmt.files import atomic_dir, write_json
+from nmt.runs import Run
 from nmt.runtime import pick_device, token_loss
 from nmt.search import DecodeConfig, translate_batches
 from nmt.text import read_lines

@@ -22,8 +22,10 @@ import yaml  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from nmt import stats  # noqa: E402
-from nmt.config import NmtError, Run, resolve, runs  # noqa: E402
+from nmt.errors import NmtError  # noqa: E402
 from nmt.files import atomic_dir, atomic_path, read_json, write_json, write_text  # noqa: E402
+from nmt.recipes import resolve  # noqa: E402
+from nmt.runs import Run, runs  # noqa: E402
 from nmt.text import read_lines  # noqa: E402
 
 log = logging.getLogger("nmt.report")

@@ -8,7 +8,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from nmt.config import NmtError
+from nmt.errors import NmtError
 from nmt.vocab import PAD_ID
 
 

@@ -148,7 +148,7 @@ def lookup(section: dict, key: str):
 
 def declared_values(stage: Stage, config: dict, recipe: str | None, bench: str) -> str:
     """The values of the keys it declares, as JSON: Snakemake re-runs a job when they change."""
-    from nmt.config import resolve
+    from nmt.recipes import resolve
 
     out = {k: lookup(config, k) for k in stage.params if k != "params.yaml"}
     if "params.yaml" in stage.params:
@@ -162,7 +162,7 @@ def declared_values(stage: Stage, config: dict, recipe: str | None, bench: str) 
 
 def gpus(stage: Stage, config: dict, recipe: str | None) -> int:
     """The GPUs one job of the stage holds (Snakemake's gpu resource)."""
-    from nmt.config import resolve
+    from nmt.recipes import resolve
 
     if isinstance(stage.gpu, int):
         return stage.gpu

@@ -25,7 +25,7 @@ import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest, estimate_ci
 
-from nmt.config import NmtError
+from nmt.errors import NmtError
 
 N_SAMPLES = 1000  # bootstrap resamples, sacreBLEU's default for its paired bootstrap
 SEED = 12345      # sacreBLEU's default SACREBLEU_SEED; it treats 0 as "no seed", so never 0

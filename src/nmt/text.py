@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from nmt.config import NmtError
+from nmt.errors import NmtError
 
 
 def tokenizer(lang: str):

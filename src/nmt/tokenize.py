@@ -6,7 +6,7 @@ import gzip
 import logging
 from pathlib import Path
 
-from nmt.config import NmtError
+from nmt.errors import NmtError
 from nmt.files import atomic_dir, write_json
 from nmt.text import tokenize_lines
 

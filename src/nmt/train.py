@@ -31,11 +31,12 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from nmt import checkpoint, distributed, resume
-from nmt.config import ModelConfig, NmtError, Run
 from nmt.data import Batches, load_pairs
 from nmt.distributed import World
+from nmt.errors import NmtError
 from nmt.files import write_json, write_text
-from nmt.models import build_model
+from nmt.models import ModelConfig, build_model
+from nmt.runs import Run
 from nmt.runtime import seed_everything, token_loss
 from nmt.vocab import PAD_ID, load_codecs
 

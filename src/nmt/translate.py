@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from nmt.checkpoint import check_vocab, load
-from nmt.config import NmtError, Run, resolve
+from nmt.errors import NmtError
+from nmt.recipes import resolve
+from nmt.runs import Run
 from nmt.runtime import pick_device
 from nmt.search import DecodeConfig, translate_batches
 from nmt.text import tokenize_lines

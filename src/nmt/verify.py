@@ -20,10 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nmt.config import ModelConfig
 from nmt.data import Batches, load_pairs
 from nmt.files import write_json
-from nmt.models import build_model
+from nmt.models import ModelConfig, build_model
 from nmt.models.baseline import plain_path
 from nmt.models.decoder_only import (
     LayerNorm,

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from nmt.config import NmtError
+from nmt.errors import NmtError
 from nmt.files import atomic_dir, read_json, write_json
 from nmt.text import detokenize, read_lines, read_tokens
 

@@ -8,30 +8,38 @@ forward -> logits (B, T, V); encode(src) -> memory (what the model's cache start
 init_cache(memory, src) and decode_step(cache, tokens (B,)) -> logits (B, V) for search, with
 cache.reorder(index) for beam search; attention_maps(src, tgt_in) -> per-head weights of every
 layer, with at least "decoder_cross": (B, H, T, S) per layer, target queries over the source.
+
+The package stands alone: it imports torch and nothing of the pipeline, so a notebook can
+    from nmt.models import ModelConfig, build_model
+    model = build_model("scratch", ModelConfig(d_model=256, nhead=4), 8000, 6000)
 """
 
 import torch.nn as nn
 
-from nmt.config import MODEL_NAMES, ModelConfig
 from nmt.models.baseline import BaselineTransformer
+from nmt.models.config import ModelConfig
 from nmt.models.decoder_only import DecoderOnlyTransformer
 from nmt.models.scratch import ScratchTransformer
 
 MODELS = {"baseline": BaselineTransformer, "scratch": ScratchTransformer,
           "decoder_only": DecoderOnlyTransformer}
-assert tuple(MODELS) == MODEL_NAMES  # the torch-free list the CLI and schema offer
+# The special token ids the pipeline's vocabularies use (<unk> <pad> <bos> <eos> = 0..3);
+# pass others to build_model for other vocabularies.
+PAD_ID, BOS_ID = 1, 2
 
 
 def build_model(name: str, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
-                pad_id: int = 1) -> nn.Module:
-    """A freshly initialised model of the given name."""
+                pad_id: int = PAD_ID, bos_id: int = BOS_ID) -> nn.Module:
+    """A freshly initialised model of the given name. pad_id marks padding in src and tgt;
+    bos_id starts every target (the decoder-only model reads it as its source/target break)."""
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     if cfg.tie_embeddings and src_vocab_size != tgt_vocab_size:
         raise ValueError(f"tie_embeddings needs one shared vocabulary, got source "
                          f"{src_vocab_size} and target {tgt_vocab_size}")
-    return MODELS[name](cfg, src_vocab_size, tgt_vocab_size, pad_id=pad_id)
+    ids = {"pad_id": pad_id, "bos_id": bos_id} if name == "decoder_only" else {"pad_id": pad_id}
+    return MODELS[name](cfg, src_vocab_size, tgt_vocab_size, **ids)
 
 
-__all__ = ["MODELS", "MODEL_NAMES", "BaselineTransformer", "DecoderOnlyTransformer", "ModelConfig",
-           "ScratchTransformer", "build_model"]
+__all__ = ["BOS_ID", "MODELS", "PAD_ID", "BaselineTransformer", "DecoderOnlyTransformer",
+           "ModelConfig", "ScratchTransformer", "build_model"]

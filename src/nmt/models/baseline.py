@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from nmt.config import ModelConfig
+from nmt.models.config import ModelConfig
 
 
 @contextlib.contextmanager

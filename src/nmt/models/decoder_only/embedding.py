@@ -10,16 +10,16 @@ import math
 import torch
 import torch.nn as nn
 
-from nmt.config import ModelConfig
+from nmt.models.config import ModelConfig
 from nmt.models.scratch.embedding import sinusoids
-from nmt.vocab import BOS_ID
 
 
 class JointEmbedding(nn.Module):
     """Token embedding scaled by sqrt(d_model) over one table; the LM head reads it back."""
 
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, bos_id: int):
         super().__init__()
+        self.bos_id = bos_id
         self.tgt_offset = 0 if cfg.tie_embeddings else src_vocab_size
         self.tgt_vocab_size = tgt_vocab_size
         self.sep_id = self.tgt_offset + tgt_vocab_size  # the last row
@@ -31,7 +31,7 @@ class JointEmbedding(nn.Module):
 
     def target_rows(self, tgt: torch.Tensor) -> torch.Tensor:
         """Target ids -> table rows: offset past the source rows, <bos> read as <sep>."""
-        return torch.where(tgt == BOS_ID, self.sep_id, tgt + self.tgt_offset)
+        return torch.where(tgt == self.bos_id, self.sep_id, tgt + self.tgt_offset)
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
         return self.token(rows) * self.scale  # (B, T, D)

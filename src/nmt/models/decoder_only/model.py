@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nmt.config import ModelConfig
+from nmt.models.config import ModelConfig
 from nmt.models.decoder_only.block import Stack
 from nmt.models.decoder_only.embedding import JointEmbedding, Positions
 from nmt.models.decoder_only.size import decoder_only_layers
@@ -73,12 +73,12 @@ class DecoderOnlyTransformer(nn.Module):
     """GPT-style decoder: joint token table, sinusoidal positions, pre-norm stack, tied head."""
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
-                 pad_id: int = 1):
+                 pad_id: int = 1, bos_id: int = 2):
         super().__init__()
         self.pad_id, self.max_len = pad_id, cfg.max_len
         self.prefix = cfg.attention == "prefix"
         self.num_layers = decoder_only_layers(cfg, src_vocab_size, tgt_vocab_size)
-        self.embed = JointEmbedding(cfg, src_vocab_size, tgt_vocab_size)
+        self.embed = JointEmbedding(cfg, src_vocab_size, tgt_vocab_size, bos_id)
         # Source and target each up to max_len tokens: positions 0 .. 2 * max_len - 1.
         self.pos = Positions(cfg.d_model, cfg.dropout, 2 * cfg.max_len)
         self.stack = Stack(self.num_layers, cfg.d_model, cfg.nhead, cfg.dim_feedforward,

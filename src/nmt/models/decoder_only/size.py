@@ -4,7 +4,7 @@ With cfg.decoder_only_layers = 0 the decoder-only stack gets as many blocks as b
 parameter count nearest to that of the encoder-decoder (scratch, baseline) of the same cfg.
 """
 
-from nmt.config import ModelConfig
+from nmt.models.config import ModelConfig
 
 
 def block_param_count(cfg: ModelConfig) -> int:

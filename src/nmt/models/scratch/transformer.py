@@ -3,7 +3,7 @@
 import torch
 import torch.nn as nn
 
-from nmt.config import ModelConfig
+from nmt.models.config import ModelConfig
 from nmt.models.scratch.attention import MultiHeadAttention
 from nmt.models.scratch.decoder import Decoder, KVCache
 from nmt.models.scratch.embedding import Embeddings, PositionalEncoding

@@ -1,0 +1,45 @@
+"""Recipes: params.yaml's top-level sections with one recipe's overrides merged over them.
+
+`resolve(params, "tuned")` is what every recipe stage runs with (the config stage writes it to
+params/<recipe>.yaml). An ablation (`ablation_of`, `removes`) inherits its base recipe's
+overrides, then applies its own.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from nmt.errors import NmtError
+
+RECIPE_SECTIONS = ("vocab", "model", "train", "evaluate")  # what a recipe may override
+NOT_RESOLVED = ("recipes", "pipeline", "bench")  # sections about the pipeline, not a recipe
+
+
+def resolve(params: dict, recipe: str) -> dict[str, Any]:
+    """The sections of one recipe: the top level with recipes.<recipe> merged over it."""
+    if hasattr(params, "resolve_recipe"):  # a read-recording view resolves itself (nmt.tracking)
+        return params.resolve_recipe(recipe)
+    if recipe not in params["recipes"]:
+        known = ", ".join(params["recipes"])
+        raise NmtError(f"unknown recipe {recipe!r} (fix: use one of: {known})")
+    resolved = {k: copy.deepcopy(v) for k, v in params.items() if k not in NOT_RESOLVED}
+    return merge(resolved, overrides(params, recipe))
+
+
+def overrides(params: dict, recipe: str, seen: tuple = ()) -> dict:
+    """What a recipe changes: its ablation_of recipe's overrides, then its own sections."""
+    if recipe in seen:
+        raise NmtError(f"params.yaml: recipes.{recipe}: ablation_of goes round in a circle "
+                       f"({' -> '.join(seen + (recipe,))}) (fix: point it at a full recipe)")
+    r = params["recipes"][recipe]
+    base = overrides(params, r["ablation_of"], seen + (recipe,)) if "ablation_of" in r else {}
+    return merge(base, {k: v for k, v in r.items() if k in RECIPE_SECTIONS})
+
+
+def merge(base: dict, override: dict) -> dict:
+    """A deep copy of base with override's values in place, section by section."""
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
