@@ -20,7 +20,7 @@ def one_thread():
     """Tiny tensors gain nothing from threads, and spinning threads crawl on a busy machine."""
     threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"  # nmt.cli.main sets torch's threads from it
+    os.environ["OMP_NUM_THREADS"] = "1"  # torch in the nmt processes tests start follows it
     yield
     torch.set_num_threads(threads)
     if env is None:
@@ -61,18 +61,18 @@ def edit_params(path: Path, **sections) -> Path:
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory, mirror) -> dict:
     """download -> tokenize (2,000 train pairs, 100 test pairs) -> word and bpe vocabularies."""
-    from nmt.download import download
-    from nmt.tokenize import tokenize
-    from nmt.vocab import build
+    from nmt import download, tokenize, vocab
 
     root = tmp_path_factory.mktemp("data")
     params = load_params(REPO / "params.yaml")
-    download(root / "raw", params["data"], sums=REPO / "workflow" / "multi30k.sha256", retries=1)
+    download.download(params, download.Paths(root / "raw", REPO / "workflow" / "multi30k.sha256"),
+                      retries=1)
     data = params["data"] | {"max_train_pairs": 2000, "max_test_pairs": 100}
-    tokenize(root / "raw", root / "tokenized", data, 1000)
-    word = build(root / "tokenized", root / "vocab" / "word", params["vocab"], "de", "en")
-    bpe = build(root / "tokenized", root / "vocab" / "bpe",
-                {**params["vocab"], "kind": "bpe", "bpe_size": 1000}, "de", "en")
+    tokenize.tokenize({"data": data, "tokenize": {"batch_size": 1000}},
+                      tokenize.Paths(root / "raw", root / "tokenized"))
+    word = vocab.build(params, vocab.Paths(root / "tokenized", root / "vocab" / "word"))
+    bpe = vocab.build(params | {"vocab": {**params["vocab"], "kind": "bpe", "bpe_size": 1000}},
+                      vocab.Paths(root / "tokenized", root / "vocab" / "bpe"))
     return {"root": root, "raw": root / "raw", "tokenized": root / "tokenized",
             "word": root / "vocab" / "word", "bpe": root / "vocab" / "bpe",
             "word_meta": word, "bpe_meta": bpe}

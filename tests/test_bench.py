@@ -7,15 +7,13 @@ from nmt.cli import main
 
 
 def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys):
-    vocab = tmp_path / "vocab"
-    vocab.mkdir()
-    (vocab / "published").symlink_to(prepared["word"])
     edit_params(params_file, model={"num_encoder_layers": 1, "num_decoder_layers": 1,
                                     "d_model": 32, "nhead": 2, "dim_feedforward": 64},
                 evaluate={"batch_size": 8, "beam_size": 3})
     out = tmp_path / "bench.json"
     code = main(["--params", str(params_file), "bench", "--tokenized", str(prepared["tokenized"]),
-                 "--vocab", str(vocab), "--steps", "2", "--repeats", "2", "--sentences", "10",
+                 "--vocab", str(prepared["word"]), "--steps", "2", "--repeats", "2",
+                 "--sentences", "10",
                  "--device", "cpu", "--json", str(out)])
     assert code == 0
     result = json.loads(out.read_text())

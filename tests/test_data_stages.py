@@ -10,9 +10,11 @@ import sacrebleu
 from conftest import REPO
 from nmt.data import Batches, load_pairs
 from nmt.download import SUMS, download, read_sums, sha256
+from nmt.download import Paths as DownloadPaths
 from nmt.errors import NmtError
 from nmt.params import load_params
 from nmt.text import detokenize, read_lines, read_tokens, tokenize_lines
+from nmt.tokenize import Paths as TokenizePaths
 from nmt.tokenize import tokenize
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIALS, build_vocab, load_codecs
 
@@ -33,7 +35,8 @@ def test_corrupt_mirror_file_is_rejected_and_nothing_is_left(mirror, tmp_path, m
     monkeypatch.setenv("MULTI30K_MIRROR", str(bad))
     out = tmp_path / "data" / "raw"
     with pytest.raises(NmtError) as err:
-        download(out, DATA | {"base_url": UNREACHABLE}, retries=1, backoff=0)
+        download({"data": DATA | {"base_url": UNREACHABLE}}, DownloadPaths(out), retries=1,
+                 backoff=0)
     msg = str(err.value)
     assert "val.en.gz" in msg and read_sums(REPO / SUMS)["val.en.gz"] in msg
     assert "corrupt: sha256 " in msg
@@ -53,16 +56,18 @@ def test_a_test_set_is_a_params_entry_plus_its_pinned_sum(prepared, tmp_path, mo
     monkeypatch.setenv("MULTI30K_MIRROR", str(mirror))
     data = DATA | {"base_url": UNREACHABLE, "testsets": ["test_mine"]}
     with pytest.raises(NmtError, match="test_mine.de.gz has no pinned sha256 in .*fix: add"):
-        download(tmp_path / "raw", data, sums=REPO / SUMS, retries=1)
-    download(tmp_path / "raw", data, sums=sums, retries=1)
-    stats = tokenize(tmp_path / "raw", tmp_path / "tok", data | {"max_train_pairs": 10}, 100)
+        download({"data": data}, DownloadPaths(tmp_path / "raw", REPO / SUMS), retries=1)
+    download({"data": data}, DownloadPaths(tmp_path / "raw", sums), retries=1)
+    stats = tokenize({"data": data | {"max_train_pairs": 10}, "tokenize": {"batch_size": 100}},
+                     TokenizePaths(tmp_path / "raw", tmp_path / "tok"))
     assert stats["test_mine.en"]["sentences"] == 7 and "test_2016_flickr.en" not in stats
 
 
 def test_missing_source_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("MULTI30K_MIRROR", str(tmp_path / "empty"))
     with pytest.raises(NmtError, match="could not fetch train.de.gz .*fix: set MULTI30K_MIRROR"):
-        download(tmp_path / "raw", DATA | {"base_url": UNREACHABLE}, retries=2, backoff=0)
+        download({"data": DATA | {"base_url": UNREACHABLE}}, DownloadPaths(tmp_path / "raw"),
+                 retries=2, backoff=0)
     assert not (tmp_path / "raw").exists()
 
 
@@ -96,10 +101,12 @@ def test_truncated_or_corrupt_raw_file(prepared, tmp_path):
     shutil.copytree(prepared["raw"], raw)
     (raw / "val.de.gz").write_bytes(gzip.compress(b"only one line\n"))
     with pytest.raises(NmtError, match="val: 1 de vs 1014 en lines"):
-        tokenize(raw, tmp_path / "tok", DATA, 100)
+        tokenize({"data": DATA, "tokenize": {"batch_size": 100}},
+                 TokenizePaths(raw, tmp_path / "tok"))
     (raw / "val.de.gz").write_bytes(b"not gzip")
     with pytest.raises(NmtError, match="val.de.gz is unreadable"):
-        tokenize(raw, tmp_path / "tok", DATA, 100)
+        tokenize({"data": DATA, "tokenize": {"batch_size": 100}},
+                 TokenizePaths(raw, tmp_path / "tok"))
     assert not (tmp_path / "tok").exists()
 
 

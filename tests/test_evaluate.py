@@ -12,7 +12,7 @@ from conftest import REPO
 from nmt.checkpoint import load, save
 from nmt.cli import main
 from nmt.data import Batches, load_pairs
-from nmt.evaluate import evaluate, score, signatures
+from nmt.evaluate import Paths, evaluate, score, signatures
 from nmt.models import ModelConfig, build_model
 from nmt.params import load_params
 from nmt.recipes import resolve
@@ -75,7 +75,7 @@ def test_loss_is_per_token_whatever_the_batch_size(prepared, tmp_path):
 def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path, name):
     run = Run("published", name, 0)
     save_run(run.dir(tmp_path), name, "published", prepared["word"])
-    metrics = evaluate(tiny_params(), run, tokenized, prepared["word"], tmp_path)
+    metrics = evaluate(tiny_params(), Paths(tokenized, prepared["word"], run.files(tmp_path)))
     run_dir = run.dir(tmp_path)
 
     # metrics.json holds only the numbers people compare (dvc metrics show / exp show).

@@ -137,7 +137,8 @@ def fake_tree(root: Path, mirror: Path, recipes, models, seeds, testsets) -> tup
 
 def make_report(tmp_path, mirror, recipes, models, seeds, testsets) -> tuple[str, dict, dict]:
     params, paths = fake_tree(tmp_path, mirror, recipes, models, seeds, testsets)
-    rp.report(params, paths["tokenized"], paths["vocab"], paths["results"], paths["reports"])
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                              paths["reports"]))
     return (paths["reports"] / "report.md").read_text("utf-8"), params, paths
 
 
@@ -268,6 +269,6 @@ def test_a_missing_run_file_is_one_clear_error(tmp_path, mirror):
     (Run("tuned", "scratch", 0).dir(paths["results"]) / "translations"
      / f"{T16}.loss.tsv").unlink()
     with pytest.raises(NmtError, match=r"loss.tsv is missing \(fix: "):
-        rp.report(params, paths["tokenized"], paths["vocab"], paths["results"],
-                  paths["reports"])
+        rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                  paths["reports"]))
     assert not (paths["reports"] / "report.md").exists()  # nothing half-written

@@ -61,7 +61,7 @@ def params_file(dest: Path, model: dict | None = None, **train) -> Path:
 
 def train_argv(params: Path, data: dict, *extra: str, model: str = "scratch") -> list[str]:
     return ["--params", str(params), "train", "--recipe", "published", "--model", model,
-            "--tokenized", str(data["tokenized"]), "--vocab", str(data["vocab"]),
+            "--tokenized", str(data["tokenized"]), "--vocab", str(data["vocab"] / "published"),
             "--results", str(data["results"]), *extra]
 
 

@@ -13,13 +13,16 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 
 import torch
 
 from nmt.data import Batches, load_pairs
 from nmt.files import write_json
 from nmt.models import ModelConfig, build_model
+from nmt.models.mapping import baseline_to_scratch
 from nmt.runtime import autocast, pick_device, seed_everything, token_loss
 from nmt.search import DecodeConfig, translate_batches
 from nmt.vocab import PAD_ID, load_codecs
@@ -102,62 +105,88 @@ def interleaved(runs: dict, repeats: int, device) -> tuple[dict, dict]:
     return {name: statistics.median(t) for name, t in times.items()}, peak
 
 
-def bench(args, params: dict) -> dict:
-    from nmt.models.mapping import baseline_to_scratch
-    from nmt.recipes import resolve
+@dataclass(frozen=True)
+class Paths:
+    tokenized: Path  # data/tokenized: training batches and test sentences
+    vocab: Path  # data/vocab/<recipe>
+    json: Path | None = None  # results/bench.json: the figures, if given
 
-    r = resolve(params, args.recipe)
-    b = {k: params["bench"][k] if getattr(args, k) is None else getattr(args, k)
-         for k in ("steps", "repeats", "sentences")}
-    device = pick_device(args.device)
-    src_codec, tgt_codec = load_codecs(args.vocab / args.recipe)
-    cfg = ModelConfig.from_dict(r["model"])
-    t, e = r["train"], r["evaluate"]
-    train_pairs = load_pairs(args.tokenized, "train", src_codec, tgt_codec, cfg.max_len)
-    batches = Batches(train_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
-                      shuffle=True, seed=0)
-    timed = [(src.to(device), tgt.to(device)) for src, tgt in islice(batches, b["steps"])]
-    testset = e["testsets"][0]  # the attention example and samples use the same one
-    test = load_pairs(args.tokenized, testset, src_codec, tgt_codec, cfg.max_len)
-    test = test[: b["sentences"]]
+
+@dataclass(frozen=True)
+class Budget:
+    """What to measure: params' bench: section, each value overridable on the command line."""
+
+    recipe: str  # whose model, batches and decoding settings
+    steps: int  # timed training steps a repeat
+    repeats: int  # the median of this many repeats is reported
+    sentences: int  # test sentences decoded
+    device: str = "auto"
+
+
+def bench(settings: dict, paths: Paths, budget: Budget) -> dict:
+    """Stage bench: training and decoding speed of baseline and scratch on the same weights
+    and data; prints a table, writes paths.json. settings: the resolved bench recipe."""
+    device = pick_device(budget.device)
+    src_codec, tgt_codec = load_codecs(paths.vocab)
+    cfg = ModelConfig.from_dict(settings["model"])
+    timed, test = bench_data(settings, paths.tokenized, budget, (src_codec, tgt_codec), device)
+    testset = settings["evaluate"]["testsets"][0]
     log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
-             device, len(timed), len(test), b["repeats"])
-
-    # One set of weights in both models: the same function, so the same decoded lengths and
-    # the same training trajectory, and the timings compare equal work.
-    seed_everything(0)
-    models = {"baseline": build_model("baseline", cfg, len(src_codec), len(tgt_codec))}
-    models["scratch"] = build_model("scratch", cfg, len(src_codec), len(tgt_codec))
-    models["scratch"].load_state_dict(baseline_to_scratch(models["baseline"].state_dict()))
-    for m in models.values():
-        m.to(device).eval()
-
+             device, len(timed), len(test), budget.repeats)
+    models = twin_models(cfg, len(src_codec), len(tgt_codec), device)
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "recipe": args.recipe, "testset": testset, "steps": len(timed),
+           "recipe": budget.recipe, "testset": testset, "steps": len(timed),
            "sentences": len(test)}
     # Decoding first, from the shared untrained weights: every sentence runs to its limit.
     for method in ("greedy", "beam"):
-        dc = DecodeConfig.from_params(e, method, cfg.max_len - 1)
+        dc = DecodeConfig.from_params(settings["evaluate"], method, cfg.max_len - 1)
         runs = {name: decoder(m, test, device, dc) for name, m in models.items()}
-        seconds, _ = interleaved(runs, b["repeats"], device)
+        seconds, _ = interleaved(runs, budget.repeats, device)
         out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
-
-    steps = {name: make_step(m.train(), device) for name, m in models.items()}
-    runs = {name: (lambda step=step: [step(src, tgt) for src, tgt in timed])
-            for name, step in steps.items()}
-    seconds, peak = interleaved(runs, b["repeats"], device)
-    tokens = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt in timed)
-    out["train"] = {name: round(tokens / s, 1) for name, s in seconds.items()}
-    out["peak_memory_mib"] = {n: round(p / 2**20) for n, p in peak.items()} if any(
-        peak.values()) else {}
-    flops, top = train_flops(cfg, len(tgt_codec), timed), peak_flops(device)
-    out["mfu"] = {n: round(flops / s / top, 4) for n, s in seconds.items()} if top else {}
+    out |= training_speed(models, timed, budget.repeats, device, cfg, len(tgt_codec))
     for key in ("train", "greedy", "beam"):
         out[key]["ratio"] = round(out[key]["scratch"] / out[key]["baseline"], 3)
     print_table(out)
-    if args.json:
-        write_json(args.json, out)
+    if paths.json:
+        write_json(paths.json, out)
     return out
+
+
+def bench_data(settings: dict, tokenized: Path, budget: Budget, codecs: tuple, device):
+    """(the timed training batches on device, the test sentences to decode)."""
+    train, max_len = settings["train"], settings["model"]["max_len"]
+    train_pairs = load_pairs(tokenized, "train", *codecs, max_len)
+    batches = Batches(train_pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
+                      shuffle=True, seed=0)
+    timed = [(src.to(device), tgt.to(device)) for src, tgt in islice(batches, budget.steps)]
+    testset = settings["evaluate"]["testsets"][0]  # the attention example and samples use it
+    test = load_pairs(tokenized, testset, *codecs, max_len)[: budget.sentences]
+    return timed, test
+
+
+def twin_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, device) -> dict:
+    """baseline and scratch holding one set of weights: the same function, so the same decoded
+    lengths and the same training trajectory, and the timings compare equal work."""
+    seed_everything(0)
+    models = {"baseline": build_model("baseline", cfg, src_vocab_size, tgt_vocab_size)}
+    models["scratch"] = build_model("scratch", cfg, src_vocab_size, tgt_vocab_size)
+    models["scratch"].load_state_dict(baseline_to_scratch(models["baseline"].state_dict()))
+    return {name: m.to(device).eval() for name, m in models.items()}
+
+
+def training_speed(models: dict, timed: list, repeats: int, device, cfg: ModelConfig,
+                   tgt_vocab_size: int) -> dict:
+    """Training tokens/s, peak memory (CUDA) and MFU (CUDA) of each model on the timed batches."""
+    steps = {name: make_step(m.train(), device) for name, m in models.items()}
+    runs = {name: (lambda step=step: [step(src, tgt) for src, tgt in timed])
+            for name, step in steps.items()}
+    seconds, peak = interleaved(runs, repeats, device)
+    tokens = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt in timed)
+    flops, top = train_flops(cfg, tgt_vocab_size, timed), peak_flops(device)
+    return {"train": {name: round(tokens / s, 1) for name, s in seconds.items()},
+            "peak_memory_mib": {n: round(p / 2**20) for n, p in peak.items()}
+            if any(peak.values()) else {},
+            "mfu": {n: round(flops / s / top, 4) for n, s in seconds.items()} if top else {}}
 
 
 def print_table(out: dict) -> None:

@@ -1,4 +1,11 @@
-"""`nmt <stage>`: one subcommand per pipeline stage; DVC and Snakemake call exactly these."""
+"""`nmt <stage>`: one subcommand per pipeline stage; DVC and Snakemake call exactly these.
+
+Every stage function has one shape, `stage(settings, paths)`: settings are params.yaml, or one
+recipe resolved from it (nmt.recipes); paths a small dataclass, in the stage's module, of the
+files it reads and writes. workflow/stages.yaml spells every one of those paths out in the
+stage's command, so what a stage declares is what its command line says. The defaults below
+serve a person typing `nmt train --model scratch` at the repository root.
+"""
 
 from __future__ import annotations
 
@@ -17,34 +24,36 @@ from nmt.runs import MODEL_NAMES, Run
 
 RAW, TOKENIZED, VOCAB, RESULTS, REPORTS = (
     Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"))
-TORCH_STAGES = {"verify", "train", "evaluate", "bench", "translate"}
-DEFAULT_THREADS = 8  # the `threads:` that workflow/stages.yaml declares for the torch stages
+
+
+def recipe_vocab(args) -> Path:
+    """--vocab, else data/vocab/<recipe>: the recipe's own vocabulary folder."""
+    return args.vocab or VOCAB / args.recipe
 
 
 def cmd_download(args, params):
-    from nmt.download import download
+    from nmt import download
 
-    download(args.out, params["data"])
+    download.download(params, download.Paths(out=args.out))
 
 
 def cmd_tokenize(args, params):
-    from nmt.tokenize import tokenize
+    from nmt import tokenize
 
-    tokenize(args.raw, args.out, params["data"], params["tokenize"]["batch_size"])
+    tokenize.tokenize(params, tokenize.Paths(raw=args.raw, out=args.out))
 
 
 def cmd_vocab(args, params):
-    from nmt.vocab import build
+    from nmt import vocab
 
-    r = resolve(params, args.recipe)
-    build(args.tokenized, args.out or VOCAB / args.recipe, r["vocab"],
-          r["data"]["source_lang"], r["data"]["target_lang"])
+    vocab.build(resolve(params, args.recipe),
+                vocab.Paths(tokenized=args.tokenized, out=args.out or VOCAB / args.recipe))
 
 
 def cmd_verify(args, params):
     from nmt.verify import verify
 
-    passed = verify(resolve(params, args.recipe), args.tokenized, args.vocab / args.recipe,
+    passed = verify(resolve(params, args.recipe), args.tokenized, recipe_vocab(args),
                     args.out or RESULTS / "verify" / f"{args.recipe}.json")
     return 0 if passed else 1  # a failed check stops the pipeline before training
 
@@ -58,7 +67,7 @@ def cmd_train(args, params):
     if recipe["train"]["devices"] > 1 and not under_torchrun():
         return launch(recipe["train"]["devices"], train_argv(args))
     try:
-        train(recipe, run, args.tokenized, args.vocab / args.recipe, run.dir(args.results),
+        train(recipe, run, args.tokenized, recipe_vocab(args), run.dir(args.results),
               restart=args.restart)
     except Stopped as e:
         if str(e):
@@ -67,37 +76,44 @@ def cmd_train(args, params):
 
 
 def train_argv(args) -> list[str]:
-    """This `nmt train` command line, for the processes torchrun starts."""
+    """This `nmt train` command line, for the processes torchrun starts (their threads come
+    from OMP_NUM_THREADS: nmt.distributed.launch shares this process's out)."""
     return (["--params", str(args.params)] + (["-q"] if args.quiet else []) +
             ["train", "--recipe", args.recipe, "--model", args.model, "--seed", str(args.seed),
-             "--tokenized", str(args.tokenized), "--vocab", str(args.vocab),
+             "--tokenized", str(args.tokenized), "--vocab", str(recipe_vocab(args)),
              "--results", str(args.results)] + (["--restart"] if args.restart else []))
 
 
 def cmd_evaluate(args, params):
-    from nmt.evaluate import evaluate
+    from nmt import evaluate
 
-    evaluate(resolve(params, args.recipe), Run(args.recipe, args.model, args.seed),
-             args.tokenized, args.vocab / args.recipe, args.results)
+    run = Run(args.recipe, args.model, args.seed)
+    evaluate.evaluate(resolve(params, args.recipe), evaluate.Paths(
+        tokenized=args.tokenized, vocab=recipe_vocab(args), run=run.files(args.results)))
+
+
+def cmd_bench(args, params):
+    from nmt import bench
+
+    recipe = args.recipe or params["bench"]["recipe"]
+    budget = bench.Budget(recipe=recipe, device=args.device, **{
+        k: params["bench"][k] if getattr(args, k) is None else getattr(args, k)
+        for k in ("steps", "repeats", "sentences")})
+    bench.bench(resolve(params, recipe), bench.Paths(
+        tokenized=args.tokenized, vocab=args.vocab or VOCAB / recipe, json=args.json), budget)
+
+
+def cmd_report(args, params):
+    from nmt import report
+
+    report.report(params, report.Paths(tokenized=args.tokenized, vocab=args.vocab or VOCAB,
+                                       results=args.results, out=args.out))
 
 
 def cmd_translate(args, params):
     from nmt.translate import translate_cli
 
     translate_cli(args, params)
-
-
-def cmd_report(args, params):
-    from nmt.report import report
-
-    report(params, args.tokenized, args.vocab, args.results, args.out)
-
-
-def cmd_bench(args, params):
-    from nmt.bench import bench
-
-    args.recipe = args.recipe or params["bench"]["recipe"]
-    bench(args, params)
 
 
 def cmd_config(args, params):
@@ -124,95 +140,93 @@ def cmd_stages(args, params):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nmt", description=__doc__)
-    p.add_argument("--params", type=Path, default=Path("params.yaml"),
-                   help="the configuration (default: params.yaml)")
-    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
-    sub = p.add_subparsers(dest="stage", required=True, metavar="<stage>")
+    """`nmt [--params FILE] [-q] <stage> ...`: the options below, grouped by stage."""
+    parser = argparse.ArgumentParser(prog="nmt", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"),
+                        help="the configuration (default: params.yaml)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    stages = parser.add_subparsers(dest="stage", required=True, metavar="<stage>")
 
-    # Options several stages share, declared once.
-    recipe = argparse.ArgumentParser(add_help=False)
+    def stage(name, func, help_, *options):
+        """A subcommand taking the shared option groups in `options`."""
+        sub = stages.add_parser(name, help=help_, description=help_, parents=list(options))
+        sub.set_defaults(func=func)
+        return sub
+
+    options = shared_options()
+    add_data_stages(stage, options)
+    add_model_stages(stage, options)
+    add_other_commands(stage, options)
+    return parser
+
+
+def shared_options() -> dict[str, argparse.ArgumentParser]:
+    """Option groups several stages take, declared once."""
+    def group():
+        return argparse.ArgumentParser(add_help=False)
+
+    recipe, data, results, run, threads = group(), group(), group(), group(), group()
     recipe.add_argument("--recipe", default="published", help="a recipe of params.yaml")
-    data = argparse.ArgumentParser(add_help=False)
     data.add_argument("--tokenized", type=Path, default=TOKENIZED)
-    data.add_argument("--vocab", type=Path, default=VOCAB, help="holds <recipe>/")
-    results = argparse.ArgumentParser(add_help=False)
-    results.add_argument("--results", type=Path, default=RESULTS)
-    run = argparse.ArgumentParser(add_help=False, parents=[recipe, data, results])
+    data.add_argument("--vocab", type=Path, default=None,
+                      help="the recipe's vocabulary (default: data/vocab/<recipe>)")
+    results.add_argument("--results", type=Path, default=RESULTS, help="holds the run folders")
     run.add_argument("--model", required=True, choices=MODEL_NAMES)
     run.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
+    threads.add_argument("--threads", type=int, default=None,
+                         help="torch threads, at most the machine's cores (default: torch's, "
+                              "which follows OMP_NUM_THREADS)")
+    return {"recipe": recipe, "data": data, "results": results, "run": run, "threads": threads}
 
-    def stage(name, func, help_, parents=()):
-        s = sub.add_parser(name, help=help_, description=help_, parents=list(parents))
-        s.set_defaults(func=func)
-        return s
 
+def add_data_stages(stage, opt: dict) -> None:
     s = stage("download", cmd_download,
               "Fetch the Multi30k task-1 raw files of train, val and data.testsets "
               "(MULTI30K_MIRROR first, then data.base_url), verify their sha256 against "
               "workflow/multi30k.sha256 and write data/raw/<split>.<lang>.gz.")
     s.add_argument("--out", type=Path, default=RAW)
-
     s = stage("tokenize", cmd_tokenize,
               "Read data/raw, tokenize with spaCy's rule-based tokenizers and write "
               "data/tokenized/<split>.<lang>.{txt,tok} and stats.json.")
     s.add_argument("--raw", type=Path, default=RAW)
     s.add_argument("--out", type=Path, default=TOKENIZED)
-
     s = stage("config", cmd_config,
               "Resolve one recipe (the top-level sections with its overrides merged over "
               "them) and write params/<recipe>.yaml, whose keys the later stages "
-              "declare as parameters.", [recipe])
+              "declare as parameters.", opt["recipe"])
     s.add_argument("--out", type=Path, default=None, help="default: params/<recipe>.yaml")
-
     s = stage("vocab", cmd_vocab,
               "Read data/tokenized (train split only) and write one recipe's vocabulary to "
               "data/vocab/<recipe>/ (word: src.json, tgt.json; bpe: spm.model) with meta.json.",
-              [recipe])
+              opt["recipe"])
     s.add_argument("--tokenized", type=Path, default=TOKENIZED)
     s.add_argument("--out", type=Path, default=None, help="default: data/vocab/<recipe>")
 
+
+def add_model_stages(stage, opt: dict) -> None:
     s = stage("verify", cmd_verify,
               "Read data/tokenized and data/vocab/<recipe>, prove the scratch model computes what "
               "torch.nn.Transformer computes at the recipe's size, write "
-              "results/verify/<recipe>.json; exit 1 if a check fails.", [recipe, data])
+              "results/verify/<recipe>.json; exit 1 if a check fails.",
+              opt["recipe"], opt["data"], opt["threads"])
     s.add_argument("--out", type=Path, default=None, help="default: results/verify/<recipe>.json")
-
+    run = (opt["recipe"], opt["data"], opt["results"], opt["run"], opt["threads"])
     s = stage("train", cmd_train,
               "Read data/tokenized and data/vocab/<recipe>, train one model and write "
               "results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv, train.json "
               "(when training completes). An interrupted run (Ctrl-C, SIGTERM, a crash) keeps "
               "resume.pt there; the same command continues it with the numbers an "
-              "uninterrupted run gives.", [run])
+              "uninterrupted run gives.", *run)
     s.add_argument("--restart", action="store_true",
                    help="set aside a resume state (resume.pt) and train from scratch")
     stage("evaluate", cmd_evaluate,
           "Read results/<recipe>-<model>-s<seed>/best.pt and the test sets, write metrics.json "
           "(loss, perplexity, BLEU greedy and beam, chrF), evaluation.json, translations/ and "
-          "attention.json (one sentence's attention weights) to the same folder.", [run])
-
-    s = stage("translate", cmd_translate,
-              "Translate German sentences given as arguments, in --file, or on standard input, "
-              "with a trained run's checkpoint; prints one English line per input line.",
-              [results])
-    s.add_argument("sentences", nargs="*")
-    s.add_argument("--run", default="published-scratch-s0",
-                   help="results/<run> to load (default: published-scratch-s0)")
-    s.add_argument("--checkpoint", type=Path, default=None, help="a .pt file instead of --run")
-    s.add_argument("--file", type=Path, default=None)
-    s.add_argument("--vocab", type=Path, default=VOCAB)
-    s.add_argument("--beam", type=int, default=None, help="beam size (default: from params)")
-    s.add_argument("--device", default="auto")
-
-    s = stage("report", cmd_report,
-              "Read results/ and data/, write reports/report.md, reports/results.csv and "
-              "figures.", [data, results])
-    s.add_argument("--out", type=Path, default=REPORTS)
-
+          "attention.json (one sentence's attention weights) to the same folder.", *run)
     s = stage("bench", cmd_bench,
               "Train both models for a fixed number of steps on the same real batches, then "
               "decode the same sentences greedily and with beam search; print a speed table.",
-              [data])
+              opt["data"], opt["threads"])
     s.add_argument("--recipe", default=None, help="default: bench.recipe from params")
     s.add_argument("--device", default="auto")
     # Defaults come from params.yaml's bench: section.
@@ -221,25 +235,43 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sentences", type=int, default=None, help="test sentences to decode")
     s.add_argument("--json", type=Path, default=None, help="also write the figures here")
 
+
+def add_other_commands(stage, opt: dict) -> None:
+    s = stage("report", cmd_report,
+              "Read results/ and data/, write reports/report.md, reports/results.csv and "
+              "figures.", opt["results"])
+    s.add_argument("--tokenized", type=Path, default=TOKENIZED)
+    s.add_argument("--vocab", type=Path, default=None, help="holds <recipe>/ (default: "
+                   "data/vocab)")
+    s.add_argument("--out", type=Path, default=REPORTS)
+    s = stage("translate", cmd_translate,
+              "Translate German sentences given as arguments, in --file, or on standard input, "
+              "with a trained run's checkpoint; prints one English line per input line.",
+              opt["results"])
+    s.add_argument("sentences", nargs="*")
+    s.add_argument("--run", default="published-scratch-s0",
+                   help="results/<run> to load (default: published-scratch-s0)")
+    s.add_argument("--checkpoint", type=Path, default=None, help="a .pt file instead of --run")
+    s.add_argument("--file", type=Path, default=None)
+    s.add_argument("--vocab", type=Path, default=VOCAB, help="holds <recipe>/")
+    s.add_argument("--beam", type=int, default=None, help="beam size (default: from params)")
+    s.add_argument("--device", default="auto")
     s = stage("stages", cmd_stages,
               "Render dvc.yaml from workflow/stages.yaml, the one declaration of every stage "
               "(Snakemake reads that file directly): print it, --write it, or --check it.")
     s.add_argument("--declaration", type=Path, default=Path("workflow/stages.yaml"))
     s.add_argument("--write", action="store_true")
     s.add_argument("--check", action="store_true")
-    return p
 
 
-def set_threads() -> None:
-    """The same torch thread count under DVC and Snakemake: OMP_NUM_THREADS when set (Snakemake
-    sets it to a rule's threads), else the declared default, so both give the same numbers."""
-    import torch
+def set_threads(threads: int | None) -> None:
+    """--threads N: torch uses N threads, or the machine's cores if fewer. The declaration's
+    `threads:` reaches every torch stage this way, under DVC and Snakemake alike, so both
+    give the same numbers."""
+    if threads is not None:
+        import torch
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or default_threads()))
-
-
-def default_threads() -> int:
-    return min(DEFAULT_THREADS, os.cpu_count() or 1)
+        torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,23 +285,26 @@ def main(argv: list[str] | None = None) -> int:
             from nmt.tracking import start_tracking
 
             params = start_tracking(params, reads)
-        if args.stage in TORCH_STAGES:
-            set_threads()
+        set_threads(getattr(args, "threads", None))
         return args.func(args, params) or 0
     except NmtError as e:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        kept = "no half-written output was kept"
-        if args.stage == "train":  # the training loop itself answers Ctrl-C with its own line
-            state = Run(args.recipe, args.model, args.seed).dir(args.results) / "resume.pt"
-            kept = (f"outputs appear only when training completes; {state}, if there, is kept "
-                    "and the same nmt train command resumes from it")
-        print(f"nmt {args.stage}: interrupted; {kept}", file=sys.stderr)
+        print(f"nmt {args.stage}: interrupted; {interrupted_note(args)}", file=sys.stderr)
         return 130
     finally:
         if os.environ.get("NMT_TRACK_READS"):
             record_reads(Path(os.environ["NMT_TRACK_READS"]), args.stage, reads)
+
+
+def interrupted_note(args) -> str:
+    """What a Ctrl-C outside the training loop (which answers with its own line) leaves."""
+    if args.stage != "train":
+        return "no half-written output was kept"
+    state = Run(args.recipe, args.model, args.seed).files(args.results).resume
+    return (f"outputs appear only when training completes; {state}, if there, is kept "
+            "and the same nmt train command resumes from it")
 
 
 def record_reads(path: Path, stage: str, reads: set) -> None:

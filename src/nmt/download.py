@@ -9,6 +9,7 @@ import shutil
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.errors import NmtError
@@ -81,10 +82,16 @@ def fetch_any(tried: list[str], name: str, dest: Path, retries: int, backoff: fl
                    "(fix: set MULTI30K_MIRROR to a folder holding the Multi30k raw files)")
 
 
-def download(out_dir: Path, data: dict, sums: Path = SUMS, retries: int = 4,
-             backoff: float = 2.0) -> None:
-    """Fetch and verify train, val and data.testsets in both languages into a temporary
-    folder, then rename it to out_dir."""
+@dataclass(frozen=True)
+class Paths:
+    out: Path  # data/raw: <split>.<lang>.gz
+    sums: Path = SUMS  # the pinned sha256 of every file
+
+
+def download(settings: dict, paths: Paths, *, retries: int = 4, backoff: float = 2.0) -> None:
+    """Stage download: fetch and verify train, val and data.testsets in both languages into a
+    temporary folder, then rename it to paths.out. settings: params.yaml (its data section)."""
+    data, sums, out_dir = settings["data"], paths.sums, paths.out
     tried = sources() + [data["base_url"]]
     pinned = read_sums(sums)
     names = [f"{split}.{lang}.gz" for split in ("train", "val", *data["testsets"])

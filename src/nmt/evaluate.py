@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from nmt.checkpoint import check_vocab, load
 from nmt.data import Batches, load_pairs
 from nmt.errors import NmtError
 from nmt.files import atomic_dir, write_json
-from nmt.runs import Run
+from nmt.runs import Run, RunFiles
 from nmt.runtime import pick_device, token_loss
 from nmt.search import DecodeConfig, translate_batches
 from nmt.text import read_lines
@@ -93,45 +94,60 @@ def sentence_losses(model, batches, device) -> tuple[list[float], list[int]]:
     return losses, tokens
 
 
-def evaluate(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path,
-             results: Path) -> dict:
-    """Score the run's best.pt on every test set; write metrics.json (numbers people compare),
-    evaluation.json (what produced them), translations/ and attention.json."""
-    tokenized_dir, run_dir = Path(tokenized_dir), run.dir(results)
-    ev, tgt_lang = params["evaluate"], params["data"]["target_lang"]
-    device = pick_device(params["train"]["device"])
-    model, ckpt = load(run_dir / "best.pt", device, expect=run)
-    src_codec, tgt_codec = load_codecs(vocab_dir)
-    check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)
-    max_len = ckpt["model_config"]["max_len"]
+@dataclass(frozen=True)
+class Paths:
+    tokenized: Path  # data/tokenized: the test sets and their references
+    vocab: Path  # data/vocab/<recipe>
+    run: RunFiles  # results/<recipe>-<model>-s<seed>/: reads best.pt, writes the rest
+
+
+def evaluate(settings: dict, paths: Paths) -> dict:
+    """Stage evaluate: score the run's best.pt on every test set; write metrics.json (numbers
+    people compare), evaluation.json (what produced them), translations/ and attention.json.
+    settings: the resolved recipe (evaluate, data.target_lang, train.device)."""
+    run, files = Run.parse(paths.run.folder.name), paths.run
+    device = pick_device(settings["train"]["device"])
+    model, ckpt = load(files.best, device, expect=run)
+    src_codec, tgt_codec = load_codecs(paths.vocab)
+    check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("read %s: %s model of recipe %s, %d parameters, on %s", run_dir / "best.pt",
+    log.info("read %s: %s model of recipe %s, %d parameters, on %s", files.best,
              ckpt["model"], ckpt["recipe"], n_params, device)
-
-    metrics, timings, attention = {}, {}, None
-    with atomic_dir(run_dir / "translations") as out:
-        for testset in ev["testsets"]:
-            pairs = load_pairs(tokenized_dir, testset, src_codec, tgt_codec, max_len)
-            ref_path = tokenized_dir / f"{testset}.{tgt_lang}.txt"
-            references = read_lines(ref_path)
-            if len(references) != len(pairs):
-                raise NmtError(f"{ref_path}: {len(references)} references for {len(pairs)} "
-                               "sources (fix: re-run `nmt tokenize`)")
-            log.info("read %s: %d sentences", testset, len(pairs))
-            m, timings[testset], ids = score_testset(model, pairs, references, tgt_codec, ev,
-                                                     max_len - 1, out, testset)
-            metrics[testset] = m
-            if testset == ev["testsets"][0]:  # the report draws this sentence's attention
-                i = min(ev["attention_example"], len(pairs) - 1)
-                attention = attention_example(model, pairs[i][0], ids[i], src_codec, tgt_codec)
-            log.info("%s: loss %.4f, ppl %.2f, BLEU %.2f (greedy %.2f), chrF %.2f", testset,
-                     m["loss"], m["ppl"], m["bleu"], m["bleu_greedy"], m["chrf"])
-    log.info("wrote %s", run_dir / "translations")
-
-    write_json(run_dir / "attention.json", attention)
-    write_json(run_dir / "evaluation.json", {
+    codecs = (src_codec, tgt_codec)
+    with atomic_dir(files.translations) as out:
+        metrics, timings, attention = score_testsets(model, codecs, settings, paths.tokenized,
+                                                     ckpt["model_config"]["max_len"], out)
+    log.info("wrote %s", files.translations)
+    write_json(files.attention, attention)
+    write_json(files.evaluation, {
         "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
         "params": n_params, "signature": signatures(), "testsets": timings})
-    write_json(run_dir / "metrics.json", metrics)
-    log.info("wrote %s and evaluation.json", run_dir / "metrics.json")
+    write_json(files.metrics, metrics)
+    log.info("wrote %s and evaluation.json", files.metrics)
     return metrics
+
+
+def score_testsets(model, codecs: tuple, settings: dict, tokenized: Path, max_len: int,
+                   out: Path) -> tuple[dict, dict, dict]:
+    """score_testset for each of evaluate.testsets, and the attention example from the first:
+    (metrics, timings, attention), both dicts by test set."""
+    (src_codec, tgt_codec), ev = codecs, settings["evaluate"]
+    tgt_lang = settings["data"]["target_lang"]
+    metrics, timings, attention = {}, {}, None
+    for testset in ev["testsets"]:
+        pairs = load_pairs(tokenized, testset, src_codec, tgt_codec, max_len)
+        ref_path = tokenized / f"{testset}.{tgt_lang}.txt"
+        references = read_lines(ref_path)
+        if len(references) != len(pairs):
+            raise NmtError(f"{ref_path}: {len(references)} references for {len(pairs)} "
+                           "sources (fix: re-run `nmt tokenize`)")
+        log.info("read %s: %d sentences", testset, len(pairs))
+        m, timings[testset], ids = score_testset(model, pairs, references, tgt_codec, ev,
+                                                 max_len - 1, out, testset)
+        metrics[testset] = m
+        if testset == ev["testsets"][0]:  # the report draws this sentence's attention
+            i = min(ev["attention_example"], len(pairs) - 1)
+            attention = attention_example(model, pairs[i][0], ids[i], src_codec, tgt_codec)
+        log.info("%s: loss %.4f, ppl %.2f, BLEU %.2f (greedy %.2f), chrF %.2f", testset,
+                 m["loss"], m["ppl"], m["bleu"], m["bleu_greedy"], m["chrf"])
+    return metrics, timings, attention

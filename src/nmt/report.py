@@ -511,10 +511,19 @@ def write_tables(inp: Inputs, out: Path) -> None:
         for (recipe, _, testset), found in inp.comparisons.items() for c in found])
 
 
-def report(params: dict, tokenized: Path, vocab_root: Path, results: Path, out: Path) -> None:
-    """Read results/ and data/, write reports/: report.md, tables and figures."""
-    out = Path(out)
-    inp = load(params, tokenized, vocab_root, results)
+@dataclass(frozen=True)
+class Paths:
+    tokenized: Path  # data/tokenized: sources and references of the samples
+    vocab: Path  # data/vocab: holds <recipe>/meta.json of every recipe
+    results: Path  # results/: every run's folder, verify/ and bench.json
+    out: Path  # reports/
+
+
+def report(settings: dict, paths: Paths) -> None:
+    """Stage report: read results/ and data/, write reports/: report.md, tables and figures.
+    settings: params.yaml (every recipe, the pipeline lists, report.samples)."""
+    out = Path(paths.out)
+    inp = load(settings, paths.tokenized, paths.vocab, paths.results)
     with atomic_dir(out / "figures") as folder:
         figures = draw_figures(inp, folder)
     lines = (head_section(inp) + results_section(inp) + statistics_section(inp)

@@ -74,7 +74,7 @@ def dvc_stage(s: Stage) -> dict:
     out: dict = {}
     if s.per:
         out["matrix"] = {d: f"${{pipeline.{d}s}}" for d in s.per}
-    out["cmd"] = dvc_text(s.cmd)
+    out["cmd"] = dvc_text(s.cmd).replace("{threads}", str(s.threads))
     out["deps"] = s.code_paths() + [dvc_text(d) for d in s.deps]
     params = [{"params.yaml": None} if k == "params.yaml" else k for k in s.params]
     if s.recipe_params:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.errors import NmtError
@@ -24,9 +25,18 @@ def read_raw(raw_dir: Path, split: str, lang: str) -> list[str]:
         raise NmtError(f"{path} is unreadable ({e}) (fix: re-run `nmt download`)") from None
 
 
-def tokenize(raw_dir: Path, out_dir: Path, data: dict, batch_size: int):
-    """Write <split>.<lang>.txt (raw lines) and <split>.<lang>.tok (space-joined tokens) of
-    train, val and data.testsets; data.max_train_pairs / max_test_pairs cut them (0 = all)."""
+@dataclass(frozen=True)
+class Paths:
+    raw: Path  # data/raw
+    out: Path  # data/tokenized
+
+
+def tokenize(settings: dict, paths: Paths) -> dict:
+    """Stage tokenize: write <split>.<lang>.txt (raw lines) and <split>.<lang>.tok
+    (space-joined tokens) of train, val and data.testsets, and stats.json; data.max_train_pairs
+    / max_test_pairs cut them (0 = all). settings: params.yaml (data, tokenize)."""
+    data, batch_size = settings["data"], settings["tokenize"]["batch_size"]
+    raw_dir, out_dir = paths.raw, paths.out
     stats, langs = {}, (data["source_lang"], data["target_lang"])
     limits = {"train": data["max_train_pairs"], "val": 0} | {
         t: data["max_test_pairs"] for t in data["testsets"]}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.errors import NmtError
@@ -96,9 +97,17 @@ class BpeCodec:
         return [self.sp.id_to_piece(i) for i in ids]
 
 
-def build(tokenized_dir: Path, out_dir: Path, vocab_cfg: dict, src: str, tgt: str) -> dict:
-    """Write the vocabulary of one recipe to out_dir; return its summary (also meta.json)."""
-    tokenized_dir = Path(tokenized_dir)
+@dataclass(frozen=True)
+class Paths:
+    tokenized: Path  # data/tokenized (its train split is read)
+    out: Path  # data/vocab/<recipe>
+
+
+def build(settings: dict, paths: Paths) -> dict:
+    """Stage vocab: write one recipe's vocabulary to paths.out; return its summary (also
+    meta.json). settings: the resolved recipe (vocab, data.source_lang/target_lang)."""
+    vocab_cfg, tokenized_dir, out_dir = settings["vocab"], Path(paths.tokenized), paths.out
+    src, tgt = settings["data"]["source_lang"], settings["data"]["target_lang"]
     with atomic_dir(out_dir) as tmp:
         if vocab_cfg["kind"] == "word":
             sizes = {}
