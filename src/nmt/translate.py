@@ -74,8 +74,8 @@ def checkpoint_path(args) -> tuple[Path, Run | None]:
         path = args.checkpoint
         hint = "pass the .pt file of a trained run, e.g. results/published-scratch-s0/best.pt"
     else:
-        path = args.results / args.run / "best.pt"
         run = Run.parse(args.run)
+        path = run.files(args.results).best
         hint = (f"train it with `nmt train --recipe {run.recipe} --model {run.model} --seed "
                 f"{run.seed}`, or choose another run with --run")
     if not path.is_file():
