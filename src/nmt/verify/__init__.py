@@ -13,6 +13,7 @@ verify() writes run_checks's result, {"passed", "checks": [{"name", "passed", "m
 
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.data import Batches, load_pairs
@@ -24,10 +25,19 @@ from nmt.verify.equivalence import TRAJECTORY_STEPS, build_pair, run_checks
 from nmt.verify.measure import max_abs_diff
 from nmt.vocab import PAD_ID, load_codecs
 
-__all__ = ["verify", "run_checks", "decoder_only_checks", "build_pair", "Checklist",
+__all__ = ["Paths", "verify", "run_checks", "decoder_only_checks", "build_pair", "Checklist",
            "format_table", "print_table", "max_abs_diff", "TRAJECTORY_STEPS"]
 
 log = logging.getLogger("nmt.verify")
+
+
+@dataclass(frozen=True)
+class Paths:
+    """What the stage reads and writes."""
+
+    tokenized: Path  # data/tokenized
+    vocab: Path  # the recipe's vocabulary folder, data/vocab/<recipe>
+    out: Path  # results/verify/<recipe>.json
 
 
 def real_batches(tokenized: Path, src_codec, tgt_codec, max_len: int) -> list:
@@ -37,19 +47,19 @@ def real_batches(tokenized: Path, src_codec, tgt_codec, max_len: int) -> list:
     return list(Batches(pairs, "sentences", 32, 0, shuffle=True, seed=0))[:TRAJECTORY_STEPS]
 
 
-def verify(params: dict, tokenized_dir: Path, vocab_dir: Path, out_path: Path) -> bool:
-    """Run the checklist at one recipe's size on real batches; write the JSON."""
-    src_codec, tgt_codec = load_codecs(vocab_dir)
-    cfg = ModelConfig.from_dict(params["model"])
-    train_batches = real_batches(tokenized_dir, src_codec, tgt_codec, cfg.max_len)
+def verify(settings: dict, paths: Paths) -> bool:
+    """Run the checklist at the size of settings (a resolved recipe); write the JSON."""
+    src_codec, tgt_codec = load_codecs(paths.vocab)
+    cfg = ModelConfig.from_dict(settings["model"])
+    train_batches = real_batches(paths.tokenized, src_codec, tgt_codec, cfg.max_len)
     log.info("checking %s at d_model %d, %d+%d layers, vocab %d/%d on %d real batches",
-             vocab_dir.name, cfg.d_model, cfg.num_encoder_layers, cfg.num_decoder_layers,
+             paths.vocab.name, cfg.d_model, cfg.num_encoder_layers, cfg.num_decoder_layers,
              len(src_codec), len(tgt_codec), len(train_batches))
     result = run_checks(cfg, len(src_codec), len(tgt_codec), PAD_ID, train_batches)
     for c in result["checks"]:  # strict JSON: a shape mismatch measures inf
         if not math.isfinite(c["max_abs_diff"]):
             c["max_abs_diff"] = None
     print_table(result)
-    write_json(out_path, result)
-    log.info("wrote %s (%s)", out_path, "all checks passed" if result["passed"] else "FAILED")
+    write_json(paths.out, result)
+    log.info("wrote %s (%s)", paths.out, "all checks passed" if result["passed"] else "FAILED")
     return result["passed"]
