@@ -56,12 +56,17 @@ def under(keys: list[str], tree: dict) -> set[str]:
 
 
 def module_names(modules: list[str]) -> set[str]:
-    """nmt.models.scratch.attention -> models; nmt.train -> train.py; nmt -> __init__.py."""
+    """As stages.yaml names code: a package by its folder (nmt.models.scratch.attention,
+    nmt.verify -> models, verify); nmt.train -> train.py; nmt -> __init__.py."""
     out = set()
     for m in modules:
         parts = m.split(".")[1:]
-        out.add("__init__.py" if not parts else parts[0] if parts[0] == "models"
-                else parts[0] + ".py")
+        if not parts:
+            out.add("__init__.py")
+        elif (REPO / stages.CODE / parts[0]).is_dir():
+            out.add(parts[0])
+        else:
+            out.add(parts[0] + ".py")
     return out
 
 

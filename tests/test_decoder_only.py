@@ -22,7 +22,9 @@ from nmt.models.decoder_only import block as block_module
 from nmt.models.decoder_only import model as model_module
 from nmt.runtime import token_loss
 from nmt.search import DecodeConfig, output_limits, translate_batches
+from nmt.verify import decoder_only as properties
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
+from synthetic import synthetic_batches
 from test_models import padded_batch
 
 CFG = ModelConfig(num_encoder_layers=1, num_decoder_layers=1, d_model=32, nhead=4,
@@ -143,8 +145,8 @@ def test_padding_and_cache_exact(cfg):
     v = SRC_V if cfg.tie_embeddings else TGT_V
     model = tiny(cfg, SRC_V, v)
     src, tgt = padded_batch()
-    assert verify.padding_diff(model, src, tgt, PAD_ID) <= 1e-12
-    assert verify.cached_decoding_diff(model, src, tgt) <= 1e-12
+    assert properties.padding_diff(model, src, tgt, PAD_ID) <= 1e-12
+    assert properties.cached_decoding_diff(model, src, tgt) <= 1e-12
     with torch.no_grad():
         fused = model(src, tgt)
         model.set_fused_attention(False)
@@ -159,8 +161,8 @@ def test_prefix_and_causal_differ_over_the_source_only():
     with torch.no_grad():
         hp, hc = prefix.states(src, tgt)[0], causal.states(src, tgt)[0]
     assert verify.max_abs_diff(hp[:, src.size(1):], hc[:, src.size(1):]) > 1e-3
-    assert verify.causal_source_diff(causal, src, tgt, PAD_ID) == 0.0
-    assert verify.prefix_unreached(prefix, src, tgt, PAD_ID) == 0.0
+    assert properties.causal_source_diff(causal, src, tgt, PAD_ID) == 0.0
+    assert properties.prefix_unreached(prefix, src, tgt, PAD_ID) == 0.0
 
 
 def test_length_limits():
@@ -288,7 +290,7 @@ def test_adam_steps_reduce_the_loss():
 
 @pytest.fixture(scope="module")
 def batches():
-    return verify.synthetic_batches(3, 4, SRC_V, TGT_V, pad_id=PAD_ID)
+    return synthetic_batches(3, 4, SRC_V, TGT_V, pad_id=PAD_ID)
 
 
 def run(batches, cfg=CFG, src_v=SRC_V, tgt_v=TGT_V):
@@ -299,7 +301,7 @@ def run(batches, cfg=CFG, src_v=SRC_V, tgt_v=TGT_V):
 @pytest.mark.parametrize("cfg", [CFG, TIED, CAUSAL], ids=["untied", "tied", "causal"])
 def test_checks_pass_on_the_real_model(cfg, batches):
     v = SRC_V if cfg.tie_embeddings else TGT_V
-    checks, passed = run(verify.synthetic_batches(3, 4, SRC_V, v), cfg, SRC_V, v)
+    checks, passed = run(synthetic_batches(3, 4, SRC_V, v), cfg, SRC_V, v)
     assert all(passed.values()), verify.format_table({"checks": checks, "passed": False})
     assert all(c["name"].startswith("decoder_only: ") and
                set(c) == {"name", "passed", "max_abs_diff", "tolerance", "seconds"}
@@ -310,7 +312,7 @@ def test_checks_pass_on_the_real_model(cfg, batches):
 
 
 def test_run_checks_includes_and_gates_on_them(monkeypatch):
-    big = verify.synthetic_batches(30, 4, SRC_V, TGT_V, pad_id=PAD_ID)
+    big = synthetic_batches(30, 4, SRC_V, TGT_V, pad_id=PAD_ID)
     small = dataclasses.replace(CFG, num_encoder_layers=1, num_decoder_layers=1)
     tiny_traj = ModelConfig(num_encoder_layers=1, num_decoder_layers=1, d_model=8, nhead=2,
                             dim_feedforward=16)
@@ -324,7 +326,7 @@ def test_run_checks_includes_and_gates_on_them(monkeypatch):
 
 
 def after_build(monkeypatch, breakage):
-    build = verify.build_model
+    build = properties.build_model
 
     def broken_build(name, *args, **kwargs):
         model = build(name, *args, **kwargs)
@@ -332,7 +334,7 @@ def after_build(monkeypatch, breakage):
             breakage(model)
         return model
 
-    monkeypatch.setattr(verify, "build_model", broken_build)
+    monkeypatch.setattr(properties, "build_model", broken_build)
 
 
 def std_layer_norm(monkeypatch):

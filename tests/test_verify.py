@@ -11,6 +11,8 @@ from nmt.models import ModelConfig
 from nmt.models.scratch import attention as scratch_attention
 from nmt.models.scratch import embedding as scratch_embedding
 from nmt.models.scratch import transformer as scratch_transformer
+from nmt.verify import equivalence
+from synthetic import synthetic_batches
 
 CFG = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
                   dim_feedforward=64, dropout=0.1)
@@ -24,7 +26,7 @@ SRC_V, TGT_V, PAD = 60, 50, 1
 
 @pytest.fixture(scope="module")
 def batches():
-    return verify.synthetic_batches(30, 4, SRC_V, TGT_V, pad_id=PAD)
+    return synthetic_batches(30, 4, SRC_V, TGT_V, pad_id=PAD)
 
 
 def run(batches):
@@ -67,7 +69,7 @@ def test_needs_padded_batches_and_enough_steps(batches):
 
 def after_build(monkeypatch, breakage):
     """Apply breakage(model) to every scratch model run_checks builds."""
-    build = verify.build_model
+    build = equivalence.build_model
 
     def broken_build(name, *args, **kwargs):
         model = build(name, *args, **kwargs)
@@ -75,7 +77,7 @@ def after_build(monkeypatch, breakage):
             breakage(model)
         return model
 
-    monkeypatch.setattr(verify, "build_model", broken_build)
+    monkeypatch.setattr(equivalence, "build_model", broken_build)
 
 
 def causal_off_by_one(monkeypatch):
@@ -214,7 +216,7 @@ def test_max_abs_diff_shapes_and_nan():
 def test_baseline_attention_maps_are_per_head():
     torch.manual_seed(0)
     baseline, _ = verify.build_pair(CFG, SRC_V, TGT_V, PAD)
-    src, tgt = verify.synthetic_batches(1, 3, SRC_V, TGT_V)[0]
+    src, tgt = synthetic_batches(1, 3, SRC_V, TGT_V)[0]
     maps = baseline.attention_maps(src, tgt[:, :-1])  # fast path or not
     B, S, T = src.size(0), src.size(1), tgt.size(1) - 1
     assert [w.shape for w in maps["encoder_self"]] == [(B, CFG.nhead, S, S)] * 2

@@ -51,10 +51,11 @@ def cmd_vocab(args, params):
 
 
 def cmd_verify(args, params):
-    from nmt.verify import verify
+    from nmt.verify import Paths, verify
 
-    passed = verify(resolve(params, args.recipe), args.tokenized, recipe_vocab(args),
-                    args.out or RESULTS / "verify" / f"{args.recipe}.json")
+    paths = Paths(tokenized=args.tokenized, vocab=recipe_vocab(args),
+                  out=args.out or RESULTS / "verify" / f"{args.recipe}.json")
+    passed = verify(resolve(params, args.recipe), paths)
     return 0 if passed else 1  # a failed check stops the pipeline before training
 
 

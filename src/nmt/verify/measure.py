@@ -1,0 +1,46 @@
+"""What both checklists measure with: the check batches, max_abs_diff, fused against math
+attention, and the tolerances by dtype."""
+
+import math
+
+import torch
+
+TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
+FUSED_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
+CHECK_ROWS = 4  # sentences in the forward/attention/gradient check batches
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute elementwise difference; inf when the shapes differ."""
+    if a.shape != b.shape:
+        return math.inf
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def check_batches(train_batches, pad_id: int, rows: int = CHECK_ROWS):
+    """(unpadded, padded) (src, tgt) batches: the first batch whose first `rows` sentences have
+    padding in source and target input, and the same sentences cut to their shortest length."""
+    def trim(x):  # drop the columns that are padding in every row
+        return x[:, : int((x != pad_id).sum(1).max())]
+
+    for src, tgt in train_batches:
+        src, tgt = trim(src[:rows]), trim(tgt[:rows])
+        if (src == pad_id).any() and (tgt[:, :-1] == pad_id).any():
+            break
+    else:
+        raise ValueError("no batch has padding in both source and target input; "
+                         "pass real padded batches (bos/eos added, right-padded)")
+    s, t = int((src != pad_id).sum(1).min()), int((tgt != pad_id).sum(1).min())
+    return (src[:, :s], tgt[:, :t]), (src, tgt)
+
+
+def fused_math_diff(model, src, tgt) -> float:
+    """Logits of the fused scaled_dot_product_attention path against the explicit math path."""
+    with torch.no_grad():
+        fused = model(src, tgt[:, :-1])
+        model.set_fused_attention(False)
+        try:
+            math_path = model(src, tgt[:, :-1])
+        finally:
+            model.set_fused_attention(True)
+    return max_abs_diff(fused, math_path)
