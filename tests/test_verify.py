@@ -222,3 +222,22 @@ def test_baseline_attention_maps_are_per_head():
     assert [w.shape for w in maps["encoder_self"]] == [(B, CFG.nhead, S, S)] * 2
     assert [w.shape for w in maps["decoder_cross"]] == [(B, CFG.nhead, T, S)] * 2
     assert isinstance(baseline.transformer, nn.Transformer)
+
+
+def test_the_stage_writes_a_failed_shape_check_as_null(prepared, tmp_path, monkeypatch, capsys):
+    """A shape mismatch measures inf: the stage prints its table, writes strict JSON (null)
+    and reports failure instead of dying on the way."""
+    from conftest import REPO
+    from nmt.params import load_params
+    from nmt.recipes import resolve
+
+    settings = resolve(load_params(REPO / "params.yaml"), "published")
+    settings["model"].update(num_encoder_layers=1, num_decoder_layers=1, d_model=16, nhead=2,
+                             dim_feedforward=32, decoder_only_layers=1)
+    heads_averaged(monkeypatch)
+    out = tmp_path / "verify.json"
+    assert not verify.verify(settings, verify.Paths(prepared["tokenized"], prepared["word"], out))
+    written = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
+    assert written["output shapes"]["max_abs_diff"] == 3.0  # one mismatch a kind of attention
+    assert written["attention weights" + F32]["max_abs_diff"] is None
+    assert "attention weights (float32)" in capsys.readouterr().out

@@ -56,10 +56,10 @@ def verify(settings: dict, paths: Paths) -> bool:
              paths.vocab.name, cfg.d_model, cfg.num_encoder_layers, cfg.num_decoder_layers,
              len(src_codec), len(tgt_codec), len(train_batches))
     result = run_checks(cfg, len(src_codec), len(tgt_codec), PAD_ID, train_batches)
-    for c in result["checks"]:  # strict JSON: a shape mismatch measures inf
+    print_table(result)
+    for c in result["checks"]:  # strict JSON: a shape mismatch measures inf, written null
         if not math.isfinite(c["max_abs_diff"]):
             c["max_abs_diff"] = None
-    print_table(result)
     write_json(paths.out, result)
     log.info("wrote %s (%s)", paths.out, "all checks passed" if result["passed"] else "FAILED")
     return result["passed"]
