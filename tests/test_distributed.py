@@ -22,7 +22,7 @@ from nmt.data import Batches, load_pairs
 from nmt.distributed import World, shard, wrap
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run
-from nmt.train import OUTPUTS, Trainer, lr_factor, update
+from nmt.train import TrainConfig, Trainer, lr_factor, update
 from nmt.vocab import PAD_ID, load_codecs
 from train_helpers import (
     TINY_MODEL,
@@ -30,6 +30,7 @@ from train_helpers import (
     nmt_process,
     params_file,
     tiny_data,
+    tiny_params,
     train_argv,
 )
 
@@ -64,11 +65,11 @@ def stepper(data, world: World, sizes: tuple[int, int]) -> Trainer:
     ddp = wrap(model, world, torch.device("cpu"))
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s + 1, 3))
-    train = {"label_smoothing": 0.1, "clip_grad_norm": 0.0}
-    return Trainer(run=RUN, params={"train": train}, run_dir=None, world=world,
-                   device=torch.device("cpu"), cfg=cfg, model=model, ddp=ddp, step_model=ddp,
-                   optimizer=opt, scheduler=sched, train_batches=None, valid_batches=None,
-                   vocab_sizes=sizes, config={})
+    config = TrainConfig.from_dict(
+        {**tiny_params()["train"], "label_smoothing": 0.1, "clip_grad_norm": 0.0})
+    return Trainer(config=config, paths=None, world=world, device=torch.device("cpu"),
+                   model=model, ddp=ddp, step_model=ddp, optimizer=opt, scheduler=sched,
+                   train_batches=None, valid_batches=None, checkpoint_meta={}, resume_key={})
 
 
 def vocab_sizes(data) -> tuple[int, int]:
@@ -80,15 +81,15 @@ def rank_updates(rank: int, data: dict, init: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     world = World(rank, 2, group=True)
-    tr = stepper(data, world, vocab_sizes(data))
+    trainer = stepper(data, world, vocab_sizes(data))
     batches, order = micro_batches(data)
     loss, tokens = 0.0, 0
     for idx, real in shard(order, world):
-        step_loss, n = update(tr, [(*batches.batch(idx), real)])
+        step_loss, n = update(trainer, [(*batches.batch(idx), real)])
         loss, tokens = loss + step_loss.item(), tokens + n
     totals = world.sum(torch.tensor([loss, tokens], dtype=torch.float64)).tolist()
     if world.main:
-        torch.save({"state": tr.model.state_dict(), "loss": totals}, out)
+        torch.save({"state": trainer.model.state_dict(), "loss": totals}, out)
     dist.destroy_process_group()
 
 
@@ -97,19 +98,20 @@ def test_two_ranks_equal_one_process_accumulating_two(data, tmp_path):
                                  str(tmp_path / "ranks.pt")), nprocs=2, join=True)
     ranks = torch.load(tmp_path / "ranks.pt", weights_only=True)
 
-    tr = stepper(data, World(), vocab_sizes(data))
+    trainer = stepper(data, World(), vocab_sizes(data))
     batches, order = micro_batches(data)
     loss, tokens = 0.0, 0
     for u in range(UPDATES):
-        step_loss, n = update(tr, [(*batches.batch(idx), True) for idx in order[2 * u:2 * u + 2]])
+        micro = [(*batches.batch(idx), True) for idx in order[2 * u:2 * u + 2]]
+        step_loss, n = update(trainer, micro)
         loss, tokens = loss + step_loss.item(), tokens + n
-    assert tr.scheduler.last_epoch == UPDATES
+    assert trainer.scheduler.last_epoch == UPDATES
     # Token-weighted loss: the same tokens, and the same float64 sum up to its summation
     # order (two ranks add their halves, one process adds batch after batch).
     assert ranks["loss"][1] == tokens and ranks["loss"][0] == pytest.approx(loss, rel=1e-14)
-    start = stepper(data, World(), vocab_sizes(data)).model.state_dict()
-    assert all(not torch.equal(v, start[k]) for k, v in tr.model.named_parameters())  # it moved
-    for name, value in tr.model.state_dict().items():
+    initial = stepper(data, World(), vocab_sizes(data)).model.state_dict()
+    assert all(not torch.equal(v, initial[k]) for k, v in trainer.model.named_parameters())  # moved
+    for name, value in trainer.model.state_dict().items():
         torch.testing.assert_close(ranks["state"][name], value, rtol=0, atol=1e-10)
 
 
@@ -175,7 +177,8 @@ def test_devices_two_trains_like_accumulate_two_and_resumes(data, tmp_path):
     proc = nmt_process(train_argv(two, ddp), kill_at="save:1@1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = RUN.dir(ddp["results"])
-    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        p.name for p in RUN.files(ddp["results"]).trained)
     assert history(out) == history(RUN.dir(ref["results"]))
     a, _ = checkpoint.load(out / "best.pt")
     b, _ = checkpoint.load(RUN.dir(ref["results"]) / "best.pt")

@@ -18,7 +18,14 @@ from nmt.runs import Run
 from nmt.runtime import corpus_loss
 from nmt.train import long_run_note, lr_factor, train
 from nmt.vocab import load_codecs
-from train_helpers import nmt_process, params_file, tiny_data, tiny_params, train_argv
+from train_helpers import (
+    nmt_process,
+    params_file,
+    tiny_data,
+    tiny_params,
+    train_argv,
+    train_paths,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 RUN = Run("published", "scratch", 0)
@@ -30,13 +37,12 @@ def data(prepared, tmp_path_factory):
 
 
 def fit(data, tmp_path, name: str, **train_settings) -> tuple[dict, list[dict]]:
-    """Train in this process; (train.json, history rows)."""
-    out = tmp_path / name
-    summary = train(tiny_params(**train_settings), RUN, data["tokenized"],
-                    data["vocab"] / "published", out)
-    with open(out / "history.csv") as f:
+    """Train in this process (the run's folder under tmp_path / name); (train.json, history)."""
+    out = RUN.files(tmp_path / name)
+    summary = train(tiny_params(**train_settings), train_paths(data, tmp_path / name, RUN))
+    with open(out.history) as f:
         history = list(csv.DictReader(f))
-    assert json.loads((out / "train.json").read_text()) == json.loads(json.dumps(summary))
+    assert json.loads(out.summary.read_text()) == json.loads(json.dumps(summary))
     return summary, history
 
 
@@ -64,12 +70,12 @@ def test_average_last_is_the_mean_of_the_last_epochs(data, tmp_path):
     fit(data, tmp_path, "e2", epochs=2)
     fit(data, tmp_path, "e3", epochs=3)
     summary, history = fit(data, tmp_path, "avg", epochs=3, average_last=2)
-    w2, _ = checkpoint.load(tmp_path / "e2" / "last.pt")
-    w3, _ = checkpoint.load(tmp_path / "e3" / "last.pt")
+    w2, _ = checkpoint.load(RUN.files(tmp_path / "e2").last)
+    w3, _ = checkpoint.load(RUN.files(tmp_path / "e3").last)
     s2, s3 = ({k: v.clone() for k, v in w.state_dict().items()} for w in (w2, w3))
     hand = {k: (s2[k] + s3[k]) / 2 for k in s3}
 
-    avg_last, _ = checkpoint.load(tmp_path / "avg" / "last.pt")
+    avg_last, _ = checkpoint.load(RUN.files(tmp_path / "avg").last)
     assert all(torch.equal(v, s3[k]) for k, v in avg_last.state_dict().items())  # not averaged
     w3.load_state_dict(hand)
     src, tgt = load_codecs(data["vocab"] / "published")
@@ -77,7 +83,7 @@ def test_average_last_is_the_mean_of_the_last_epochs(data, tmp_path):
                     shuffle=False)
     assert summary["averaged_valid_loss"] == pytest.approx(corpus_loss(w3, valid, "cpu"),
                                                            rel=1e-6)
-    best, ckpt = checkpoint.load(tmp_path / "avg" / "best.pt")
+    best, ckpt = checkpoint.load(RUN.files(tmp_path / "avg").best)
     # The averaged weights are best.pt when they beat every single epoch, else that epoch is.
     expected = {"avg2": hand, 2: s2, 3: s3}[summary["best_epoch"]]
     assert all(torch.equal(v, expected[k]) for k, v in best.state_dict().items())

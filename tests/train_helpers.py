@@ -16,7 +16,8 @@ import yaml
 from conftest import REPO
 from nmt.params import load_params
 from nmt.recipes import resolve
-from nmt.train import TIMING_FIELDS
+from nmt.runs import Run, RunFiles
+from nmt.train import TIMING_FIELDS, Paths
 
 TINY_MODEL = {"num_encoder_layers": 1, "num_decoder_layers": 1, "d_model": 32, "nhead": 2,
               "dim_feedforward": 64, "dropout": 0.1}
@@ -45,6 +46,12 @@ def tiny_params(**train) -> dict:
     params["model"].update(TINY_MODEL)
     params["train"].update({**TINY_TRAIN, **train})
     return params
+
+
+def train_paths(data: dict, results: Path, run: Run) -> Paths:
+    """What `train` reads the tiny data from (tiny_data) and writes run's folder under."""
+    return Paths(tokenized=data["tokenized"], vocab=data["vocab"] / "published",
+                 run=run.files(results))
 
 
 def params_file(dest: Path, model: dict | None = None, **train) -> Path:
@@ -80,14 +87,14 @@ def nmt_process(argv: list[str], kill_at: str | None = None, timeout: float = 12
 def read_outputs(run_dir: Path) -> dict:
     """What must be identical between two runs of one seed: checkpoint bytes, history and
     summary without their wall-clock fields."""
-    with open(run_dir / "history.csv") as f:
+    files = RunFiles(run_dir)
+    with open(files.history) as f:
         history = [{k: v for k, v in row.items() if k not in TIMING_FIELDS}
                    for row in csv.DictReader(f)]
-    summary = json.loads((run_dir / "train.json").read_text())
+    summary = json.loads(files.summary.read_text())
     for key in SUMMARY_TIMING:
         summary.pop(key)
-    return {"best.pt": (run_dir / "best.pt").read_bytes(),
-            "last.pt": (run_dir / "last.pt").read_bytes(),
+    return {"best.pt": files.best.read_bytes(), "last.pt": files.last.read_bytes(),
             "history": history, "summary": summary}
 
 

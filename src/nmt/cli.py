@@ -62,14 +62,15 @@ def cmd_verify(args, params):
 def cmd_train(args, params):
     from nmt.distributed import launch, under_torchrun
     from nmt.resume import Stopped
-    from nmt.train import train
+    from nmt.train import Paths, train
 
     run, recipe = Run(args.recipe, args.model, args.seed), resolve(params, args.recipe)
     if recipe["train"]["devices"] > 1 and not under_torchrun():
         return launch(recipe["train"]["devices"], train_argv(args))
+    paths = Paths(tokenized=args.tokenized, vocab=recipe_vocab(args),
+                  run=run.files(args.results))
     try:
-        train(recipe, run, args.tokenized, recipe_vocab(args), run.dir(args.results),
-              restart=args.restart)
+        train(recipe, paths, restart=args.restart)
     except Stopped as e:
         if str(e):
             print(f"nmt train: {e}", file=sys.stderr)

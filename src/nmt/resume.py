@@ -1,4 +1,5 @@
-"""Interrupted training: the resume state <run_dir>/resume.pt, and stopping on a signal.
+"""Interrupted training: the resume state <run_dir>/resume.pt (nmt.runs.RunFiles.resume), and
+stopping on a signal.
 
 Not a declared output of any stage (git and DVC ignore it); written atomically at the end of
 every epoch and, with train.save_every_minutes, within one; removed when the stage completes.
@@ -12,8 +13,8 @@ Format (a dict):
                     python (`random`)}, loss_sum and tokens of the epoch so far on that rank
     progress        nmt.train.Progress as a dict (rank 0's): epoch, batch (position in the
                     epoch's micro-batch plan of each rank), step (optimizer updates), loss_sum,
-                    tokens, seconds, history, best_loss, best_epoch, best_state, stale,
-                    recent (the averaging buffer)
+                    tokens, seconds, history, best_loss, best_epoch, best_averaged,
+                    best_state, stale, recent (the averaging buffer)
 The batch order itself is not stored: it follows from (seed, epoch) (nmt.data.Batches).
 
 SIGINT/SIGTERM (`StopSignals`) let the current step finish; the loop then writes the state and
@@ -33,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -41,8 +43,7 @@ from nmt.files import atomic_path
 
 log = logging.getLogger("nmt.train")
 
-FILE = "resume.pt"
-FORMAT = 1
+FORMAT = 2  # 2: best_epoch always an int, best_averaged beside it
 # Settings that change when and how state is kept, not the numbers a run computes.
 NEUTRAL = ("save_every_minutes",)
 
@@ -168,10 +169,10 @@ def set_aside(path: Path, why: str) -> Path:
     return stale
 
 
-def remove_temporaries(run_dir: Path, names: tuple[str, ...]) -> None:
-    """Delete the temporary files a killed write left behind (atomic_path's .<name>.*.tmp)."""
-    for name in names:
-        for tmp in Path(run_dir).glob(f".{name}.*.tmp"):
+def remove_temporaries(paths: Iterable[Path]) -> None:
+    """Delete the temporary files killed writes of `paths` left (atomic_path's .<name>.*.tmp)."""
+    for path in paths:
+        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
             tmp.unlink(missing_ok=True)
 
 

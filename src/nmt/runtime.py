@@ -52,15 +52,19 @@ def token_loss(model, src, tgt, device, label_smoothing: float = 0.0, reduction:
 
 
 @torch.inference_mode()
-def corpus_loss(model, batches, device) -> float:
-    """Per-token cross-entropy over a whole split (no label smoothing)."""
+def corpus_loss(model, batches, device, reduce=None) -> float:
+    """Per-token cross-entropy over (src, tgt) batches: no label smoothing, no dropout (the
+    model's mode is restored after). The loss sums in float64; `reduce` (training's
+    World.sum: every rank's share) combines [summed loss, tokens] before the division."""
     was_training = model.training
     model.eval()
-    total = torch.zeros((), device=device)
-    count = torch.zeros((), device=device, dtype=torch.long)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.long, device=device)
     for src, tgt in batches:
         loss, n = token_loss(model, src, tgt, device)
         total += loss
         count += n
     model.train(was_training)
-    return (total / count).item()
+    sums = torch.stack([total, count.double()])
+    total, count = (sums if reduce is None else reduce(sums)).tolist()
+    return total / count

@@ -5,14 +5,16 @@ train.json (the summary the report reads), all four only when training completes
 the run lives in resume.pt (nmt/resume.py): `nmt train` again continues it where it stopped,
 with the numbers an uninterrupted run gives; SIGINT/SIGTERM stop after the current step.
 
-Reading order: `train` (the stage), `setup` (what a run trains with), `start` (fresh or
-resumed), `run_epochs`, `train_epoch` and `update` (the loop), `end_epoch` (validation, best,
-patience), `save_state`, `average_recent`, `write_outputs`. Several processes (train.devices,
-torchrun): nmt/distributed.py; the resume state's format: nmt/resume.py.
+Reading order: `train` (the stage), `fit` (the loop, on one screen), then its steps in the
+order they run: `setup`, `resume_or_start`, `update`, `end_epoch` (with `validate`),
+`save_state`, `finish` (averaging the last epochs, writing the outputs). `TrainConfig` is the
+train: section of params.yaml, `Paths` where a run reads and writes. Several processes
+(train.devices, torchrun): nmt/distributed.py; the resume state's format: nmt/resume.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import logging
@@ -36,8 +38,8 @@ from nmt.distributed import World
 from nmt.errors import NmtError
 from nmt.files import write_json, write_text
 from nmt.models import ModelConfig, build_model
-from nmt.runs import Run
-from nmt.runtime import seed_everything, token_loss
+from nmt.runs import Run, RunFiles
+from nmt.runtime import corpus_loss, seed_everything, token_loss
 from nmt.vocab import PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.train")
@@ -45,7 +47,46 @@ log = logging.getLogger("nmt.train")
 HISTORY_FIELDS = ("epoch", "train_loss", "valid_loss", "lr", "seconds", "tokens_per_second")
 # Wall-clock columns: they differ between two runs of identical numbers, nothing else does.
 TIMING_FIELDS = ("seconds", "tokens_per_second")
-OUTPUTS = ("best.pt", "last.pt", "history.csv", "train.json")
+SHOW_EVERY = 20  # updates between progress-bar refreshes (reading the loss waits for the GPU)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """params.yaml's train: section. Its schema (workflow/schemas/params.schema.yaml) checks
+    the values before any stage runs; nothing here checks them again."""
+
+    epochs: int
+    batch_by: str  # sentences: batch_size sentences a batch; tokens: up to max_tokens a batch
+    batch_size: int
+    max_tokens: int
+    lr: float  # the peak learning rate
+    betas: tuple[float, float]  # Adam's
+    eps: float  # Adam's
+    warmup_steps: int  # 0: constant lr; else linear warmup, then inverse-sqrt decay
+    label_smoothing: float
+    clip_grad_norm: float  # 0: off
+    average_last: int  # 0: off; else also validate the mean of the last N epochs' weights
+    patience: int  # 0: every epoch; else stop after N epochs without a better valid loss
+    device: str  # auto (CUDA when present), cpu, cuda[:N]
+    compile: bool  # torch.compile the model (CUDA only)
+    accumulate: int  # micro-batches an optimizer update (gradient accumulation)
+    devices: int  # processes one run trains on (DDP under torchrun)
+    save_every_minutes: float  # 0: a resume state every epoch; else also every M minutes
+
+    @classmethod
+    def from_dict(cls, section: dict) -> TrainConfig:
+        """From the train: section of a resolved recipe."""
+        values = {f.name: section[f.name] for f in fields(cls)}
+        return cls(**{**values, "betas": tuple(values["betas"])})
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a run reads and writes."""
+
+    tokenized: Path  # data/tokenized
+    vocab: Path  # the recipe's vocabulary folder: data/vocab/<recipe>
+    run: RunFiles  # results/<recipe>-<model>-s<seed>/, whose name is the run's
 
 
 def lr_factor(step: int, warmup: int) -> float:
@@ -67,16 +108,14 @@ def cpu_copy(model: torch.nn.Module) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Trainer:
-    """What a run trains with, built once by `setup`: settings, data, model and optimizer."""
+    """What a run trains with, built once by `setup`: settings, places, data, model, optimizer."""
 
-    run: Run
-    params: dict  # the resolved recipe
-    run_dir: Path
+    config: TrainConfig
+    paths: Paths
     world: World  # this process's rank of how many (one process: 0 of 1)
     device: torch.device
-    cfg: ModelConfig
     model: torch.nn.Module  # the weights
     ddp: torch.nn.Module  # the model, wrapped in DistributedDataParallel under torchrun
     step_model: torch.nn.Module  # what a training step calls: ddp, maybe compiled
@@ -84,24 +123,21 @@ class Trainer:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     train_batches: Batches
     valid_batches: Batches
-    vocab_sizes: tuple[int, int]
-    config: dict  # what a resume state must match (resume.config_key)
-    vocab_sha256: str = ""  # the vocabulary's fingerprint, recorded in checkpoints
+    # What best.pt and last.pt record besides the weights (checkpoint.save's keywords): the
+    # model's name, config and vocabulary sizes, the model and train settings, the seed, ...
+    checkpoint_meta: dict
+    resume_key: dict  # what a resume state must match (resume.config_key)
     saved: str = ""  # where the last resume state written or found stands
     last_save: float = field(default_factory=time.monotonic)
     validations: int = 0  # validation passes of this process (for the test hook)
 
     @property
-    def t(self) -> dict:
-        return self.params["train"]
+    def run(self) -> Run:
+        return Run.parse(self.paths.run.folder.name)
 
     @property
     def n_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
-
-    @property
-    def resume_path(self) -> Path:
-        return self.run_dir / resume.FILE
 
     def plan(self, epoch: int) -> list[tuple[list[int], bool]]:
         """This rank's micro-batches of epoch `epoch` (1-based) as (indices, real), in order:
@@ -111,16 +147,21 @@ class Trainer:
     @cached_property
     def updates_per_epoch(self) -> int:
         """Optimizer updates an epoch (token batches: epoch 1's count, others differ by a few)."""
-        return math.ceil(len(self.plan(1)) / self.t["accumulate"])
+        return math.ceil(len(self.plan(1)) / self.config.accumulate)
+
+    @property
+    def total_updates(self) -> int:
+        return self.updates_per_epoch * self.config.epochs
 
     def save_due(self) -> bool:
-        minutes = self.t["save_every_minutes"]
+        minutes = self.config.save_every_minutes
         return minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
 
 
 @dataclass
 class Progress:
-    """Where a run stands: the epoch loop's state, none of it in the model or optimizer."""
+    """Where a run stands: the loop's state, none of it in the model or optimizer (the resume
+    state holds it as a dict)."""
 
     epoch: int = 1  # the epoch in progress (1-based)
     batch: int = 0  # micro-batches of this epoch's plan already trained on
@@ -130,193 +171,262 @@ class Progress:
     seconds: float = 0.0  # training time spent on this epoch so far
     history: list[dict] = field(default_factory=list)  # one row a finished epoch
     best_loss: float = math.inf
-    best_epoch: int | str | None = None
-    best_state: dict | None = None  # the weights of the best epoch (CPU)
+    best_epoch: int = 0  # the epoch of the best weights (0: none yet; an average: its last)
+    best_averaged: int = 0  # how many epochs' weights the best are the mean of (0: not a mean)
+    best_state: dict | None = None  # the best weights (CPU)
     stale: int = 0  # epochs since the validation loss last improved
     recent: list[dict] = field(default_factory=list)  # the last average_last epochs' weights
 
-    def done(self, t: dict) -> bool:
+    def done(self, config: TrainConfig) -> bool:
         """Every epoch trained, or patience ran out."""
-        return self.epoch > t["epochs"] or bool(t["patience"] and self.stale >= t["patience"])
+        out_of_patience = bool(config.patience and self.stale >= config.patience)
+        return self.epoch > config.epochs or out_of_patience
 
-    def where(self, tr: Trainer) -> str:
-        return (f"epoch {self.epoch}, step {self.step} of "
-                f"{tr.updates_per_epoch * tr.t['epochs']}")
+    def where(self, trainer: Trainer) -> str:
+        return f"epoch {self.epoch}, step {self.step} of {trainer.total_updates}"
+
+    @property
+    def best_name(self) -> int | str:
+        """The best weights as train.json's best_epoch names them: the epoch, or avg<N>."""
+        return f"avg{self.best_averaged}" if self.best_averaged else self.best_epoch
+
+    def next_epoch(self) -> None:
+        self.epoch, self.batch, self.loss_sum, self.tokens, self.seconds = (
+            self.epoch + 1, 0, 0.0, 0, 0.0)
 
 
-def train(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path, *,
-          restart: bool = False) -> dict:
-    """Train one (recipe, model, seed) run; returns the summary also written to train.json.
+def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
+    """Train the run paths.run names; returns the summary also written to train.json.
 
-    Continues a matching resume state in run_dir unless `restart`; a signal raises
-    resume.Stopped.
+    `settings`: the resolved recipe (nmt.recipes.resolve). Continues a matching resume state
+    unless `restart`; a signal raises resume.Stopped.
     """
-    tr = setup(params, run, tokenized_dir, vocab_dir, run_dir)
+    trainer = setup(settings, paths)
     try:
-        if tr.world.main:
-            check_room(tr.run_dir, tr.n_params, tr.t["average_last"])
-        p = start(tr, restart)
-        run_epochs(tr, p)
-        if not math.isfinite(p.best_loss):
-            raise NmtError(f"{run.name}: the validation loss never became finite "
-                           "(fix: lower train.lr or set train.clip_grad_norm)")
-        averaged = average_recent(tr, p)
-        if not tr.world.main:
-            return {}
-        summary = write_outputs(tr, p, averaged)
-        tr.resume_path.unlink(missing_ok=True)  # the stage is complete
-        return summary
+        if trainer.world.main:
+            check_room(paths.run, trainer.n_params, trainer.config.average_last)
+        progress = resume_or_start(trainer, restart)
+        fit(trainer, progress)
+        return finish(trainer, progress)
     except (dist.DistError, RuntimeError) as e:
-        why = distributed.lost_peer(e) if tr.world.group else None
-        if why is None:
+        lost = peer_lost(trainer, e)
+        if lost is None:
             raise
-        if resume.threading_main():  # torchrun SIGTERMs the survivors: let this line out first
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise NmtError(f"rank {tr.world.rank}: another training process failed or vanished "
-                       f"({why}); {kept(tr)}") from None
+        raise lost from None
     finally:
         distributed.leave()
 
 
-def run_epochs(tr: Trainer, p: Progress) -> None:
-    """Train until p.done, a resume state after every epoch; on SIGINT/SIGTERM write one
-    after the current step and raise Stopped."""
-    with resume.StopSignals(echo=1.0 if tr.world.group else 0.0, announce=tr.world.main) as stop:
-        try:
-            while not p.done(tr.t):
-                if train_epoch(tr, p, stop):
-                    end_epoch(tr, p)
-                    save_state(tr, p)
-                stop.signum = tr.world.max([stop.signum])[0]  # ranks agree
+def fit(trainer: Trainer, progress: Progress) -> None:
+    """The loop: the epochs' optimizer updates, each epoch then validated and saved. After
+    every update the ranks agree (world.max) whether a signal asked to stop and whether a
+    save is due; a stop writes the resume state, then raises Stopped."""
+    config, world = trainer.config, trainer.world
+    with stop_signals(trainer) as stop:
+        while not progress.done(config):
+            trainer.model.train()
+            meter = EpochMeter(trainer, progress)  # running loss and tokens, clock, bar
+            for micro in micro_batches(trainer, progress):  # the rest of this epoch
+                meter.add(*update(trainer, micro), batches=len(micro))
+                progress.batch += len(micro)
+                progress.step += 1
+                resume.test_hook("step", progress.step)
+                stop.signum, due = world.max([stop.signum, int(trainer.save_due())])  # agree
+                if stop.signum or due:
+                    save_state(trainer, meter.read(progress))
                 if stop.signum:
-                    raise stopped(tr, p, stop.signum)
-        except KeyboardInterrupt:
-            raise resume.Stopped(130, f"interrupted at once; {kept(tr)}"
-                                 if tr.world.main else "") from None
+                    meter.close()
+                    break  # the epoch unfinished; its resume state is written
+                meter.show(progress)
+            else:  # every update of the epoch done
+                meter.close()
+                end_epoch(trainer, meter.read(progress))  # validation, best weights, patience
+                save_state(trainer, progress)
+            stop.signum = world.max([stop.signum])[0]  # ranks agree
+            if stop.signum:
+                raise stopped(trainer, progress, stop.signum)
 
 
-def setup(params: dict, run: Run, tokenized_dir: Path, vocab_dir: Path, run_dir: Path) -> Trainer:
+def setup(settings: dict, paths: Paths) -> Trainer:
     """Read the data and vocabulary, build the seeded model, its optimizer and lr schedule."""
-    t = params["train"]
-    world, device = distributed.join(t["device"], t["devices"])
+    config, run = TrainConfig.from_dict(settings["train"]), Run.parse(paths.run.folder.name)
+    world, device = distributed.join(config.device, config.devices)
     if not world.main:  # one process reports progress
         logging.getLogger("nmt").setLevel(logging.WARNING)
     seed_everything(run.seed)  # the same initial weights on every rank
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (optimizer) on tensor cores
 
-    src_codec, tgt_codec = load_codecs(vocab_dir)
-    cfg = ModelConfig.from_dict(params["model"])
-    train_pairs = load_pairs(tokenized_dir, "train", src_codec, tgt_codec, cfg.max_len)
-    valid_pairs = load_pairs(tokenized_dir, "val", src_codec, tgt_codec, cfg.max_len)
-    log.info("read %d train / %d valid pairs from %s, vocab %d/%d from %s", len(train_pairs),
-             len(valid_pairs), tokenized_dir, len(src_codec), len(tgt_codec), vocab_dir)
-
-    model = build_model(run.model, cfg, len(src_codec), len(tgt_codec)).to(device)
+    src_codec, tgt_codec = load_codecs(paths.vocab)
+    model_config = ModelConfig.from_dict(settings["model"])
+    train_batches, valid_batches = read_batches(paths, config, (src_codec, tgt_codec),
+                                                model_config.max_len, run.seed)
+    vocab_sizes = (len(src_codec), len(tgt_codec))
+    model = build_model(run.model, model_config, *vocab_sizes).to(device)
     if world.rank:  # other dropout masks on other ranks
         torch.manual_seed(run.seed + 1_000_003 * world.rank)
     ddp = distributed.wrap(model, world, device)
     # Batch shapes vary with sentence length: compile once for dynamic shapes, not per length.
-    step_model = (torch.compile(ddp, dynamic=True) if t["compile"] and device.type == "cuda"
+    step_model = (torch.compile(ddp, dynamic=True) if config.compile and device.type == "cuda"
                   else ddp)
-    optimizer = torch.optim.Adam(model.parameters(), lr=t["lr"], betas=tuple(t["betas"]),
-                                 eps=t["eps"], fused=device.type == "cuda")
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=config.betas,
+                                 eps=config.eps, fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s + 1, t["warmup_steps"]))
-    tr = Trainer(run, params, Path(run_dir), world, device, cfg, model, ddp, step_model,
-                 optimizer, scheduler,
-                 Batches(train_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
-                         shuffle=True, seed=run.seed),
-                 Batches(valid_pairs, t["batch_by"], t["batch_size"], t["max_tokens"],
-                         shuffle=False),
-                 (len(src_codec), len(tgt_codec)),
-                 resume.config_key(params, run.name, run.seed, vocab_dir, world.size),
-                 checkpoint.vocab_fingerprint(vocab_dir))
+        optimizer, lambda s: lr_factor(s + 1, config.warmup_steps))
+    checkpoint_meta = {
+        "name": run.model, "recipe": run.recipe, "cfg": model_config,
+        "src_vocab_size": vocab_sizes[0], "tgt_vocab_size": vocab_sizes[1],
+        "params": {"model": settings["model"], "train": settings["train"]},
+        "n_params": sum(p.numel() for p in model.parameters()), "seed": run.seed,
+        "vocab_sha256": checkpoint.vocab_fingerprint(paths.vocab)}
+    trainer = Trainer(
+        config=config, paths=paths, world=world, device=device, model=model, ddp=ddp,
+        step_model=step_model, optimizer=optimizer, scheduler=scheduler,
+        train_batches=train_batches, valid_batches=valid_batches, checkpoint_meta=checkpoint_meta,
+        resume_key=resume.config_key(settings, run.name, run.seed, paths.vocab, world.size))
     on = f"{world.size} processes ({device.type})" if world.group else str(device)
-    log.info("%s: %s parameters on %s", run.name, f"{tr.n_params:,}", on)
-    return tr
+    log.info("%s: %s parameters on %s", run.name, f"{trainer.n_params:,}", on)
+    return trainer
 
 
-def check_room(run_dir: Path, n_params: int, average_last: int) -> None:
+def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
+                 seed: int) -> tuple[Batches, Batches]:
+    """The train split's batches (reshuffled every epoch) and the validation split's."""
+    train_pairs, valid_pairs = (load_pairs(paths.tokenized, split, *codecs, max_len)
+                                for split in ("train", "val"))
+    log.info("read %d train / %d valid pairs from %s, vocab %d/%d from %s", len(train_pairs),
+             len(valid_pairs), paths.tokenized, len(codecs[0]), len(codecs[1]), paths.vocab)
+    sizes = (config.batch_by, config.batch_size, config.max_tokens)
+    return (Batches(train_pairs, *sizes, shuffle=True, seed=seed),
+            Batches(valid_pairs, *sizes, shuffle=False))
+
+
+def check_room(files: RunFiles, n_params: int, average_last: int) -> None:
     """The run folder must take files, and its disk the resume state and checkpoints."""
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=run_dir) as f:
+        files.folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=files.folder) as f:
             f.write(b"x")
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise NmtError(f"cannot write to {run_dir}: {e.strerror} (fix: make it writable, or "
-                       "pass --results a writable folder)") from None
+        raise NmtError(f"cannot write to {files.folder}: {e.strerror} (fix: make it writable, "
+                       "or pass --results a writable folder)") from None
     # float32 copies: weights, Adam's two moments, the best weights, the averaging window.
     state = 4 * n_params * (4 + average_last)
     need = 2 * state + 2 * 4 * n_params  # the old and the new resume state, best.pt, last.pt
-    here = run_dir / resume.FILE
-    need -= here.stat().st_size if here.exists() else 0
-    free = shutil.disk_usage(run_dir).free
+    need -= files.resume.stat().st_size if files.resume.exists() else 0
+    free = shutil.disk_usage(files.folder).free
     if free < need:
-        raise NmtError(f"{run_dir}: {free / 1e6:.1f} MB free on its disk, training needs about "
-                       f"{need / 1e6:.1f} MB for its resume state and checkpoints (fix: free "
-                       "disk space, or pass --results a folder on a larger disk)")
+        raise NmtError(f"{files.folder}: {free / 1e6:.1f} MB free on its disk, training needs "
+                       f"about {need / 1e6:.1f} MB for its resume state and checkpoints (fix: "
+                       "free disk space, or pass --results a folder on a larger disk)")
 
 
-def start(tr: Trainer, restart: bool) -> Progress:
-    """A fresh Progress, or the one a matching resume state holds (weights, optimizer, lr
-    schedule and random generators restored with it)."""
-    path, state, why = tr.resume_path, None, ""
-    if path.exists():
-        state, why = (None, "--restart asks for a fresh start") if restart else resume.read(path)
-    if state and state["config_hash"] != resume.config_hash(tr.config):
-        changed = resume.differences(state["config"], tr.config)
-        why = f"it was written with other settings (changed: {', '.join(changed[:4])})"
-    tr.world.barrier()  # every rank has read the state before rank 0 moves it
-    if tr.world.main:
-        resume.remove_temporaries(tr.run_dir, OUTPUTS + (resume.FILE,))
-        for name in OUTPUTS:  # an earlier run's outputs do not describe this one
-            (tr.run_dir / name).unlink(missing_ok=True)
+def resume_or_start(trainer: Trainer, restart: bool) -> Progress:
+    """The Progress a matching resume state holds (weights, optimizer, lr schedule and random
+    generators restored with it), else a fresh one. Rank 0 clears an earlier run's outputs."""
+    files, world = trainer.paths.run, trainer.world
+    state, why = usable_state(trainer, restart)
+    world.barrier()  # every rank has read the state before rank 0 moves it
+    if world.main:
+        resume.remove_temporaries((*files.trained, files.resume))
+        for path in files.trained:  # an earlier run's outputs do not describe this one
+            path.unlink(missing_ok=True)
         if why:
-            resume.set_aside(path, why)
-    if not state or why:
+            resume.set_aside(files.resume, why)
+    if state is None:
         return Progress()
-    tr.model.load_state_dict(state["model"])
-    tr.optimizer.load_state_dict(state["optimizer"])
-    tr.scheduler.load_state_dict(state["scheduler"])
-    mine = state["ranks"][tr.world.rank]
-    resume.set_rng_state(mine["rng"], tr.device)
-    p = Progress(**{**state["progress"], "loss_sum": mine["loss_sum"], "tokens": mine["tokens"]})
-    tr.saved = p.where(tr)
-    log.info("resuming from %s (batch %d of %d of the epoch), from %s", tr.saved, p.batch,
-             len(tr.plan(p.epoch)), path)
-    return p
+    trainer.model.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    mine = state["ranks"][world.rank]
+    resume.set_rng_state(mine["rng"], trainer.device)
+    progress = Progress(**{**state["progress"], "loss_sum": mine["loss_sum"],
+                           "tokens": mine["tokens"]})
+    trainer.saved = progress.where(trainer)
+    log.info("resuming from %s (batch %d of %d of the epoch), from %s", trainer.saved,
+             progress.batch, len(trainer.plan(progress.epoch)), files.resume)
+    return progress
 
 
-def save_state(tr: Trainer, p: Progress) -> None:
-    """Write the resume state (rank 0): all it takes to continue exactly where the run stands."""
-    ranks = tr.world.gather({"rng": resume.rng_state(tr.device), "loss_sum": p.loss_sum,
-                             "tokens": p.tokens})
-    if tr.world.main:
-        resume.write(tr.resume_path, {
-            "format": resume.FORMAT, "config": tr.config,
-            "config_hash": resume.config_hash(tr.config), "model": cpu_copy(tr.model),
-            "optimizer": tr.optimizer.state_dict(), "scheduler": tr.scheduler.state_dict(),
-            "ranks": ranks, "progress": {f.name: getattr(p, f.name) for f in fields(Progress)}})
-    tr.saved, tr.last_save = p.where(tr), time.monotonic()
+def usable_state(trainer: Trainer, restart: bool) -> tuple[dict | None, str]:
+    """(the resume state to continue, "") or (None, why it is set aside; "" if there is none)."""
+    path = trainer.paths.run.resume
+    if not path.exists():
+        return None, ""
+    if restart:
+        return None, "--restart asks for a fresh start"
+    state, why = resume.read(path)
+    if state and state["config_hash"] != resume.config_hash(trainer.resume_key):
+        changed = resume.differences(state["config"], trainer.resume_key)
+        return None, f"it was written with other settings (changed: {', '.join(changed[:4])})"
+    return state, why
 
 
-def kept(tr: Trainer) -> str:
-    """What an interrupted run leaves, and how to go on (one line's end)."""
-    again = (f"`nmt train --recipe {tr.run.recipe} --model {tr.run.model} --seed {tr.run.seed}` "
-             "(same options) again")
-    if not tr.saved:
-        return f"no resume state was written yet; {again} starts afresh"
-    return (f"kept {tr.resume_path} ({tr.saved}); {again} resumes from there "
-            f"({', '.join(OUTPUTS)} appear when training completes)")
+@contextlib.contextmanager
+def stop_signals(trainer: Trainer):
+    """resume.StopSignals around the loop: SIGINT/SIGTERM ask it to stop after the current
+    update; a second Ctrl-C stops at once (Stopped, exit 130)."""
+    world = trainer.world
+    with resume.StopSignals(echo=1.0 if world.group else 0.0, announce=world.main) as stop:
+        try:
+            yield stop
+        except KeyboardInterrupt:
+            raise resume.Stopped(130, f"interrupted at once; {kept(trainer)}"
+                                 if world.main else "") from None
 
 
-def stopped(tr: Trainer, p: Progress, signum: int) -> resume.Stopped:
-    name = signal.Signals(signum).name
-    message = f"stopped by {name} at {p.where(tr)}; {kept(tr)}"
-    return resume.Stopped(128 + signum, message if tr.world.main else "")  # rank 0 tells
+def micro_batches(trainer: Trainer, progress: Progress):
+    """The rest of epoch progress.epoch: this rank's micro-batches (src, tgt, real) from
+    progress.batch of its plan on, `accumulate` of them for each optimizer update."""
+    plan, per_update = trainer.plan(progress.epoch), trainer.config.accumulate
+    for first in range(progress.batch, len(plan), per_update):
+        yield [(*trainer.train_batches.batch(idx), real)
+               for idx, real in plan[first : first + per_update]]
+
+
+class EpochMeter:
+    """An epoch's running training loss and target tokens (on the device: reading them waits
+    for the GPU), its clock (resumed from progress.seconds) and its progress bar."""
+
+    def __init__(self, trainer: Trainer, progress: Progress):
+        self.trainer, self.first_step = trainer, progress.step
+        self.began = time.perf_counter() - progress.seconds  # the epoch's start, as if unbroken
+        self.session = time.perf_counter()  # when this process took the epoch up
+        self.loss_sum = torch.tensor(progress.loss_sum, dtype=torch.float64, device=trainer.device)
+        self.tokens = torch.tensor(progress.tokens, dtype=torch.long, device=trainer.device)
+        self.bar = tqdm(total=len(trainer.plan(progress.epoch)), initial=progress.batch,
+                        desc=f"epoch {progress.epoch}/{trainer.config.epochs}", unit="batch",
+                        leave=False, disable=not trainer.world.main)
+
+    def add(self, loss: torch.Tensor, tokens: int, batches: int) -> None:
+        self.loss_sum += loss
+        self.tokens += tokens
+        self.bar.update(batches)
+
+    def read(self, progress: Progress) -> Progress:
+        """progress with the running sums and the epoch's time so far."""
+        progress.loss_sum, progress.tokens = self.loss_sum.item(), int(self.tokens.item())
+        progress.seconds = time.perf_counter() - self.began
+        return progress
+
+    def show(self, progress: Progress) -> None:
+        """Every SHOW_EVERY updates: the running loss and the run's time left on the bar; on
+        the CPU, the first time, a warning when the run takes more than an hour."""
+        updates, trainer = progress.step - self.first_step, self.trainer
+        if updates % SHOW_EVERY:
+            return
+        per_update = (time.perf_counter() - self.session) / updates
+        self.bar.set_postfix(loss=f"{(self.loss_sum / self.tokens).item():.3f}",
+                             run_eta=duration(per_update * (trainer.total_updates - progress.step)))
+        if updates == SHOW_EVERY and trainer.device.type == "cpu" and trainer.world.main:
+            note = long_run_note(per_update, trainer.updates_per_epoch, trainer.config.epochs)
+            if note:
+                log.warning(note)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def long_run_note(seconds_per_update: float, updates_per_epoch: int, epochs: int) -> str | None:
@@ -337,53 +447,7 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def train_epoch(tr: Trainer, p: Progress, stop: resume.StopSignals) -> bool:
-    """Train the rest of epoch p.epoch, from micro-batch p.batch of its plan on; False if a
-    signal stopped it first (its resume state then written)."""
-    plan, k = tr.plan(p.epoch), tr.t["accumulate"]
-    total_updates = tr.updates_per_epoch * tr.t["epochs"]
-    tr.model.train()
-    start, first_step = time.perf_counter() - p.seconds, p.step
-    session = time.perf_counter()
-    loss_sum = torch.tensor(p.loss_sum, dtype=torch.float64, device=tr.device)
-    tokens = torch.tensor(p.tokens, dtype=torch.long, device=tr.device)
-    bar = tqdm(total=len(plan), initial=p.batch, desc=f"epoch {p.epoch}/{tr.t['epochs']}",
-               unit="batch", leave=False, disable=not tr.world.main)
-
-    def sync() -> None:  # the running sums into p (reading them waits for the GPU)
-        p.loss_sum, p.tokens = loss_sum.item(), int(tokens.item())
-        p.seconds = time.perf_counter() - start
-
-    while p.batch < len(plan):
-        chunk = plan[p.batch : p.batch + k]
-        loss, n = update(tr, [(*tr.train_batches.batch(idx), real) for idx, real in chunk])
-        loss_sum += loss
-        tokens += n
-        p.batch += len(chunk)
-        p.step += 1
-        bar.update(len(chunk))
-        resume.test_hook("step", p.step)
-        stop.signum, save = tr.world.max([stop.signum, int(tr.save_due())])  # ranks agree
-        if stop.signum or save:
-            sync()
-            save_state(tr, p)
-            if stop.signum:
-                bar.close()
-                return False
-        if (p.step - first_step) % 20 == 0:  # reading the loss syncs with the GPU: now and then
-            per_update = (time.perf_counter() - session) / (p.step - first_step)
-            bar.set_postfix(loss=f"{(loss_sum / tokens).item():.3f}",
-                            run_eta=duration(per_update * (total_updates - p.step)))
-            if p.step - first_step == 20 and tr.device.type == "cpu" and tr.world.main:
-                note = long_run_note(per_update, tr.updates_per_epoch, tr.t["epochs"])
-                if note:
-                    log.warning(note)
-    bar.close()
-    sync()
-    return True
-
-
-def update(tr: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]]):
+def update(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]]):
     """One optimizer update from this rank's micro-batches (src, tgt, real); returns their
     (summed token loss, target tokens).
 
@@ -392,120 +456,179 @@ def update(tr: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]]):
     ranks x accumulate k equal one process x accumulate N*k. Padding micro-batches (real
     False) weigh nothing; they only keep the ranks in step.
     """
+    config, world, device = trainer.config, trainer.world, trainer.device
     local = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt, real in micro if real)
-    total = tr.world.sum(torch.tensor(float(local), dtype=torch.float64, device=tr.device))
-    tr.optimizer.zero_grad(set_to_none=True)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=tr.device)
+    total = world.sum(torch.tensor(float(local), dtype=torch.float64, device=device))
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for i, (src, tgt, real) in enumerate(micro):
-        with distributed.no_sync(tr.ddp, skip=i < len(micro) - 1):  # all-reduce on the last
-            loss, _ = token_loss(tr.step_model, src, tgt, tr.device, tr.t["label_smoothing"])
+        with distributed.no_sync(trainer.ddp, skip=i < len(micro) - 1):  # all-reduce on the last
+            loss, _ = token_loss(trainer.step_model, src, tgt, device, config.label_smoothing)
             # DDP averages gradients over ranks; x world size makes it their sum.
-            ((loss if real else loss * 0.0) / total * tr.world.size).backward()
+            ((loss if real else loss * 0.0) / total * world.size).backward()
         if real:
             loss_sum += loss.detach()
-    if tr.t["clip_grad_norm"] > 0:
-        torch.nn.utils.clip_grad_norm_(tr.model.parameters(), tr.t["clip_grad_norm"])
-    tr.optimizer.step()
-    tr.scheduler.step()
+    if config.clip_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), config.clip_grad_norm)
+    trainer.optimizer.step()
+    trainer.scheduler.step()
     return loss_sum, local
 
 
-@torch.inference_mode()
-def validate(tr: Trainer) -> float:
-    """Per-token cross-entropy on the validation split (no label smoothing, no dropout);
-    each rank takes every world.size-th batch, the sums are all-reduced."""
-    tr.model.eval()
-    tr.validations += 1
-    total = torch.zeros((), dtype=torch.float64, device=tr.device)
-    count = torch.zeros((), dtype=torch.long, device=tr.device)
-    order = tr.valid_batches.indices()[tr.world.rank :: tr.world.size]
-    for i, idx in enumerate(order):
-        loss, n = token_loss(tr.model, *tr.valid_batches.batch(idx), tr.device)
-        total += loss
-        count += n
+def end_epoch(trainer: Trainer, progress: Progress) -> None:
+    """Validate; record the epoch's row; keep the averaging window and the best weights; count
+    the epochs without a better validation loss (patience); move on to the next epoch."""
+    config = trainer.config
+    valid_loss = validate(trainer)
+    progress.history.append(epoch_row(trainer, progress, valid_loss))
+    if config.average_last:
+        progress.recent = (progress.recent + [cpu_copy(trainer.model)])[-config.average_last:]
+    if valid_loss < progress.best_loss:
+        progress.best_loss, progress.best_epoch, progress.stale = valid_loss, progress.epoch, 0
+        progress.best_state = cpu_copy(trainer.model)
+    else:
+        progress.stale += 1
+        if config.patience and progress.stale >= config.patience:
+            log.info("no better valid loss for %d epochs: stopping early", progress.stale)
+    progress.next_epoch()
+
+
+def validate(trainer: Trainer) -> float:
+    """Per-token cross-entropy on the validation split (runtime.corpus_loss): each rank takes
+    every world.size-th batch, the sums are all-reduced."""
+    trainer.validations += 1
+    batches, world = trainer.valid_batches, trainer.world
+    mine = (batches.batch(idx) for idx in batches.indices()[world.rank :: world.size])
+    return corpus_loss(trainer.model, after_first(mine, "valid", trainer.validations),
+                       trainer.device, reduce=world.sum)
+
+
+def after_first(items, point: str, count: int):
+    """items, calling resume.test_hook(point, count) once the first has been used."""
+    for i, item in enumerate(items):
+        yield item
         if i == 0:
-            resume.test_hook("valid", tr.validations)
-    tr.model.train()
-    total, count = tr.world.sum(torch.stack([total, count.double()])).tolist()
-    return total / count
+            resume.test_hook(point, count)
 
 
-def end_epoch(tr: Trainer, p: Progress) -> None:
-    """Validate; record the epoch's row; keep the best weights and the averaging window."""
-    valid_loss = validate(tr)
-    loss_sum, tokens = tr.world.sum(torch.tensor([p.loss_sum, p.tokens], dtype=torch.float64,
-                                                 device=tr.device)).tolist()
+def epoch_row(trainer: Trainer, progress: Progress, valid_loss: float) -> dict:
+    """The epoch's history.csv row (its training loss over all ranks), logged."""
+    loss_sum, tokens = trainer.world.sum(torch.tensor(
+        [progress.loss_sum, progress.tokens], dtype=torch.float64, device=trainer.device)).tolist()
     train_loss = loss_sum / tokens
-    row = {"epoch": p.epoch, "train_loss": round(train_loss, 5),
-           "valid_loss": round(valid_loss, 5), "lr": tr.scheduler.get_last_lr()[0],
-           "seconds": round(p.seconds, 2), "tokens_per_second": round(tokens / p.seconds)}
-    p.history.append(row)
-    log.info("epoch %d: train %.4f valid %.4f (%.1f s, %s tok/s)", p.epoch, train_loss,
-             valid_loss, p.seconds, f"{row['tokens_per_second']:,}")
-    if tr.t["average_last"]:
-        p.recent = (p.recent + [cpu_copy(tr.model)])[-tr.t["average_last"]:]
-    if valid_loss < p.best_loss:
-        p.best_loss, p.best_epoch, p.best_state, p.stale = valid_loss, p.epoch, cpu_copy(
-            tr.model), 0
-    else:
-        p.stale += 1
-        if tr.t["patience"] and p.stale >= tr.t["patience"]:
-            log.info("no better valid loss for %d epochs: stopping early", p.stale)
-    p.epoch, p.batch, p.loss_sum, p.tokens, p.seconds = p.epoch + 1, 0, 0.0, 0, 0.0
+    row = {"epoch": progress.epoch, "train_loss": round(train_loss, 5),
+           "valid_loss": round(valid_loss, 5), "lr": trainer.scheduler.get_last_lr()[0],
+           "seconds": round(progress.seconds, 2),
+           "tokens_per_second": round(tokens / progress.seconds)}
+    log.info("epoch %d: train %.4f valid %.4f (%.1f s, %s tok/s)", progress.epoch, train_loss,
+             valid_loss, progress.seconds, f"{row['tokens_per_second']:,}")
+    return row
 
 
-def average_recent(tr: Trainer, p: Progress) -> float | None:
-    """Validate the mean of the last average_last epochs' weights; it becomes best if better."""
-    if len(p.recent) < 2:
+def save_state(trainer: Trainer, progress: Progress) -> None:
+    """Write the resume state (rank 0): all it takes to continue exactly where the run stands."""
+    ranks = trainer.world.gather({"rng": resume.rng_state(trainer.device),
+                                  "loss_sum": progress.loss_sum, "tokens": progress.tokens})
+    if trainer.world.main:
+        resume.write(trainer.paths.run.resume, {
+            "format": resume.FORMAT, "config": trainer.resume_key,
+            "config_hash": resume.config_hash(trainer.resume_key),
+            "model": cpu_copy(trainer.model), "optimizer": trainer.optimizer.state_dict(),
+            "scheduler": trainer.scheduler.state_dict(), "ranks": ranks,
+            "progress": {f.name: getattr(progress, f.name) for f in fields(Progress)}})
+    trainer.saved, trainer.last_save = progress.where(trainer), time.monotonic()
+
+
+def kept(trainer: Trainer) -> str:
+    """What an interrupted run leaves, and how to go on (one line's end)."""
+    run, files = trainer.run, trainer.paths.run
+    again = (f"`nmt train --recipe {run.recipe} --model {run.model} --seed {run.seed}` "
+             "(same options) again")
+    if not trainer.saved:
+        return f"no resume state was written yet; {again} starts afresh"
+    return (f"kept {files.resume} ({trainer.saved}); {again} resumes from there "
+            f"({', '.join(path.name for path in files.trained)} appear when training completes)")
+
+
+def stopped(trainer: Trainer, progress: Progress, signum: int) -> resume.Stopped:
+    where = progress.where(trainer)
+    message = f"stopped by {signal.Signals(signum).name} at {where}; {kept(trainer)}"
+    return resume.Stopped(128 + signum, message if trainer.world.main else "")  # rank 0 tells
+
+
+def peer_lost(trainer: Trainer, error: Exception) -> NmtError | None:
+    """The one-line error for a collective that failed because another rank died or stopped
+    answering; None for any other error."""
+    why = distributed.lost_peer(error) if trainer.world.group else None
+    if why is None:
         return None
-    trained = cpu_copy(tr.model)
-    tr.model.load_state_dict(average_states(p.recent))
-    averaged = validate(tr)
-    log.info("average of the last %d epochs: valid %.4f (best single %.4f)", len(p.recent),
-             averaged, p.best_loss)
-    if averaged < p.best_loss:
-        p.best_loss, p.best_epoch, p.best_state = averaged, f"avg{len(p.recent)}", cpu_copy(
-            tr.model)
-    tr.model.load_state_dict(trained)
-    return averaged
+    if resume.threading_main():  # torchrun SIGTERMs the survivors: let this line out first
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return NmtError(f"rank {trainer.world.rank}: another training process failed or vanished "
+                    f"({why}); {kept(trainer)}")
 
 
-def write_outputs(tr: Trainer, p: Progress, averaged: float | None) -> dict:
-    """Write last.pt, best.pt, history.csv and train.json (last: it marks a finished run)."""
-    def save(name, **extra):
-        checkpoint.save(tr.run_dir / name, tr.model, name=tr.run.model, recipe=tr.run.recipe,
-                        cfg=tr.cfg, src_vocab_size=tr.vocab_sizes[0],
-                        tgt_vocab_size=tr.vocab_sizes[1],
-                        params={"model": tr.params["model"], "train": tr.t},
-                        n_params=tr.n_params, seed=tr.run.seed, vocab_sha256=tr.vocab_sha256,
-                        **extra)
-
-    last = p.history[-1]
-    save("last.pt", epoch=last["epoch"], valid_loss=last["valid_loss"])
-    tr.model.load_state_dict(p.best_state)
-    if isinstance(p.best_epoch, str):  # an average of the last epochs won
-        save("best.pt", epoch=last["epoch"], valid_loss=p.best_loss, averaged=len(p.recent))
-    else:
-        save("best.pt", epoch=p.best_epoch, valid_loss=p.best_loss)
-    write_history(tr.run_dir / "history.csv", p.history)
-    summary = summarize(tr, p, averaged)
-    write_json(tr.run_dir / "train.json", summary)
-    log.info("wrote %s (best valid loss %.4f at epoch %s)", tr.run_dir, p.best_loss, p.best_epoch)
+def finish(trainer: Trainer, progress: Progress) -> dict:
+    """After the loop: validate the average of the last epochs; rank 0 writes the outputs and
+    removes the resume state. Returns the summary (other ranks: {})."""
+    if not math.isfinite(progress.best_loss):
+        raise NmtError(f"{trainer.run.name}: the validation loss never became finite "
+                       "(fix: lower train.lr or set train.clip_grad_norm)")
+    averaged = average_last_epochs(trainer, progress)
+    if not trainer.world.main:
+        return {}
+    summary = write_outputs(trainer, progress, averaged)
+    trainer.paths.run.resume.unlink(missing_ok=True)  # the stage is complete
     return summary
 
 
-def summarize(tr: Trainer, p: Progress, averaged: float | None) -> dict:
+def average_last_epochs(trainer: Trainer, progress: Progress) -> float | None:
+    """Validate the mean of the last average_last epochs' weights; it becomes best if better.
+    Returns its validation loss (None when there is no average)."""
+    if len(progress.recent) < 2:
+        return None
+    trained = cpu_copy(trainer.model)
+    trainer.model.load_state_dict(average_states(progress.recent))
+    averaged = validate(trainer)
+    log.info("average of the last %d epochs: valid %.4f (best single %.4f)",
+             len(progress.recent), averaged, progress.best_loss)
+    if averaged < progress.best_loss:
+        progress.best_loss, progress.best_state = averaged, cpu_copy(trainer.model)
+        progress.best_epoch = progress.history[-1]["epoch"]
+        progress.best_averaged = len(progress.recent)
+    trainer.model.load_state_dict(trained)
+    return averaged
+
+
+def write_outputs(trainer: Trainer, progress: Progress, averaged: float | None) -> dict:
+    """Write last.pt, best.pt, history.csv and train.json (last: it marks a finished run)."""
+    files, last, meta = trainer.paths.run, progress.history[-1], trainer.checkpoint_meta
+    checkpoint.save(files.last, trainer.model, **meta, epoch=last["epoch"],
+                    valid_loss=last["valid_loss"])
+    trainer.model.load_state_dict(progress.best_state)
+    mean_of = {"averaged": progress.best_averaged} if progress.best_averaged else {}
+    checkpoint.save(files.best, trainer.model, **meta, epoch=progress.best_epoch,
+                    valid_loss=progress.best_loss, **mean_of)
+    write_history(files.history, progress.history)
+    summary = summarize(trainer, progress, averaged)
+    write_json(files.summary, summary)
+    log.info("wrote %s (best valid loss %.4f at epoch %s)", files.folder, progress.best_loss,
+             progress.best_name)
+    return summary
+
+
+def summarize(trainer: Trainer, progress: Progress, averaged: float | None) -> dict:
     """train.json: what the report reads about a run."""
-    h = p.history
+    run, history = trainer.run, progress.history
     return {
-        "run": tr.run.name, "recipe": tr.run.recipe, "model": tr.run.model, "seed": tr.run.seed,
-        "device": str(tr.device), "params": tr.n_params, "epochs": len(h),
-        "best_epoch": p.best_epoch, "best_valid_loss": round(p.best_loss, 5),
-        "averaged_valid_loss": averaged, "updates": p.step,
-        "seconds_per_epoch": round(sum(r["seconds"] for r in h) / len(h), 2),
-        "tokens_per_second": round(sum(r["tokens_per_second"] for r in h) / len(h)),
-        "train_pairs": len(tr.train_batches.pairs),
-        "config": {"model": tr.params["model"], "train": tr.t},
+        "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
+        "device": str(trainer.device), "params": trainer.n_params, "epochs": len(history),
+        "best_epoch": progress.best_name, "best_valid_loss": round(progress.best_loss, 5),
+        "averaged_valid_loss": averaged, "updates": progress.step,
+        "seconds_per_epoch": round(sum(r["seconds"] for r in history) / len(history), 2),
+        "tokens_per_second": round(sum(r["tokens_per_second"] for r in history) / len(history)),
+        "train_pairs": len(trainer.train_batches.pairs),
+        "config": trainer.checkpoint_meta["params"],  # the settings the checkpoints record
     }
 
 
