@@ -29,7 +29,7 @@ reproduce: setup  ## the whole comparison: download ... report (`dvc repro`)
 # The whole comparison at a CPU-friendly size (recipe `demo`, baseline and scratch) as a DVC
 # experiment: params.yaml in the workspace then holds these settings and reports/ the result;
 # `dvc exp show` lists it, `git checkout params.yaml dvc.lock` goes back.
-demo: setup  ## the comparison on a laptop: recipe demo, about 30 minutes on 2 CPU cores
+demo: setup  ## the comparison on a laptop: recipe demo, about 11 minutes on 2 CPU cores
 	$(BIN)/dvc exp run -S 'pipeline.recipes=[demo]' -S 'pipeline.models=[baseline,scratch]' \
 		-S 'pipeline.seeds=[0]' -S 'bench.recipe=demo'
 

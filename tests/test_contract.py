@@ -1,7 +1,8 @@
 """The stage contract is kept: workflow/stages.yaml declares what every stage reads and runs,
 and both orchestrators re-run exactly the stages a change touches.
 
-- dvc.yaml is the rendering of the declaration (no hand edits drift from it);
+- dvc.yaml and Snakemake's rules (workflow/rules/stages.smk) are the rendering of the
+  declaration (no hand edits drift from it);
 - every stage, run at tiny size under both tools, read no params key and imported no module
   it does not declare (NMT_TRACK_READS records them; see nmt.cli);
 - changing any one params key (or any one module) in a completed tiny pipeline makes
@@ -33,9 +34,33 @@ pytestmark = pytest.mark.slow
 STAGES = stages.load(REPO / stages.DECLARATION)
 
 
-def test_dvc_yaml_is_rendered_from_the_declaration():
-    assert (REPO / "dvc.yaml").read_text() == stages.render_dvc(REPO / stages.DECLARATION), \
-        "dvc.yaml is stale: run `nmt stages --write`"
+@pytest.mark.parametrize("path", ["dvc.yaml", "workflow/rules/stages.smk"])
+def test_dvc_yaml_and_snakemake_rules_are_rendered_from_the_declaration(path):
+    rendered = stages.rendered(REPO / stages.DECLARATION)
+    assert (REPO / path).read_text() == rendered[Path(path)], \
+        f"{path} is stale: run `nmt stages --write`"
+
+
+def test_a_snakemake_rule_reads_as_its_stage(tmp_path):
+    """{recipe} is the job's wildcard, {bench} a param, Snakemake's own names ({threads})
+    stay; a placeholder neither tool fills is refused, not rendered into a broken rule."""
+    declaration = tmp_path / "workflow" / "stages.yaml"
+    declaration.parent.mkdir()
+    declaration.write_text(yaml.safe_dump({"stages": {
+        "job": {"per": ["recipe"], "cmd": "nmt x --recipe {recipe} --bench {bench} -j {threads}",
+                "code": ["x.py"], "recipe_params": ["train.devices"], "deps": ["results"],
+                "outs": ["out/{recipe}.json"], "threads": 4, "gpu": "train.devices"},
+        "all": {"cmd": "nmt y", "deps": ["out"], "outs": ["y.txt"]}}}))
+    text = stages.render_snakemake(declaration)
+    for line in ['rule job:', '"results",', '"src/nmt/x.py",', '"out/{recipe}.json",',
+                 'values=declared(recipe_params=["train.devices"]),', "bench=BENCH,",
+                 "threads: 4", 'gpu=from_recipe("train.devices"),',
+                 '"nmt x --recipe {wildcards.recipe} --bench {params.bench} -j {threads} 2> {log}"',
+                 'expand("out/{recipe}.json", recipe=RECIPES),']:
+        assert line in text, line
+    declaration.write_text(declaration.read_text().replace("-j {threads}", "-j {jobs}"))
+    with pytest.raises(ValueError, match="jobs"):
+        stages.render_snakemake(declaration)
 
 
 # ---- reads: what each stage used against what it declares ---------------------------------

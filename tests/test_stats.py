@@ -153,6 +153,7 @@ def test_loss_differences_match_exact_enumeration():
 
 def test_loss_bootstrap_against_the_exact_bootstrap():
     c = stats.loss_bootstrap(SYS, BASE, n_samples=20000, seed=3)
+    assert c.kind == "bootstrap" and "kind" not in c.to_dict()  # statistics.json as before
     assert (c.system_score, c.baseline_score) == pytest.approx((7 / 3, 2.0))
     assert c.difference == pytest.approx(1 / 3) and not c.higher_is_better
     exact = exact_distribution()
@@ -206,7 +207,7 @@ def test_welch_on_hand_numbers():
     c = stats.welch([4.0, 5.0, 6.0], [1.0, 2.0, 3.0], "BLEU")
     assert c.difference == 3.0 and c.p == pytest.approx(0.021311641, rel=1e-6)
     assert (c.low, c.high) == pytest.approx((0.7330421, 5.2669579), rel=1e-6)
-    assert "n = 3 vs 3" in c.method
+    assert "n = 3 vs 3" in c.method and c.kind == "seeds"
     # Unequal sizes and variances: Welch-Satterthwaite df = 3.447 (fractional).
     a, b = [30.1, 30.9, 29.7, 31.2], [30.0, 30.2]
     va, vb = np.var(a, ddof=1) / 4, np.var(b, ddof=1) / 2
@@ -221,13 +222,20 @@ def test_welch_on_hand_numbers():
 
 # --- the verdict line -------------------------------------------------------------------------
 
+def test_a_comparison_kind_is_bootstrap_or_seeds():
+    with pytest.raises(ValueError, match="Welch"):
+        stats.Comparison("BLEU", "a", "b", 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, "hand", kind="Welch")
+    with pytest.raises(TypeError):  # no default: whoever makes a comparison says which
+        stats.Comparison("BLEU", "a", "b", 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, "hand")
+
+
 def test_verdict_lines_read_as_specified():
     c = stats.Comparison("BLEU", "scratch", "baseline", 30.0, 30.12, -0.12, -0.61, 0.38, 0.31,
-                         "hand")
+                         "hand", kind="bootstrap")
     assert stats.verdict(c) == ("scratch - baseline: -0.12 BLEU (95% CI -0.61 .. +0.38, "
                                 "p = 0.31): no significant difference")
     loss = stats.Comparison("test loss", "decoder_only", "baseline", 2.1, 2.0, 0.1, 0.05, 0.15,
-                            0.0004, "hand", higher_is_better=False)
+                            0.0004, "hand", higher_is_better=False, kind="seeds")
     assert stats.verdict(loss, digits=3) == (
         "decoder_only - baseline: +0.100 test loss (95% CI +0.050 .. +0.150, p < 0.001): "
         "baseline is better (significant at 0.05)")

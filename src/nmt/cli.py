@@ -129,16 +129,21 @@ def cmd_config(args, params):
 
 
 def cmd_stages(args, params):
-    from nmt.stages import render_dvc
+    from nmt.stages import rendered
 
-    text = render_dvc(args.declaration)
+    files = rendered(args.declaration)  # dvc.yaml, workflow/rules/stages.smk
     if args.check:
-        if Path("dvc.yaml").read_text() != text:
-            raise NmtError("dvc.yaml differs from workflow/stages.yaml (fix: nmt stages --write)")
+        stale = [str(p) for p, text in files.items()
+                 if not p.is_file() or p.read_text() != text]
+        if stale:
+            raise NmtError(f"{' and '.join(stale)} differ{'s' if len(stale) == 1 else ''} "
+                           f"from {args.declaration} (fix: nmt stages --write)")
     elif args.write:
-        Path("dvc.yaml").write_text(text)
+        for path, text in files.items():
+            path.write_text(text)
     else:
-        print(text, end="")
+        for path, text in files.items():
+            print(f"# ==> {path} <==\n{text}", end="")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,8 +264,9 @@ def add_other_commands(stage, opt: dict) -> None:
     s.add_argument("--beam", type=int, default=None, help="beam size (default: from params)")
     s.add_argument("--device", default="auto")
     s = stage("stages", cmd_stages,
-              "Render dvc.yaml from workflow/stages.yaml, the one declaration of every stage "
-              "(Snakemake reads that file directly): print it, --write it, or --check it.")
+              "Render dvc.yaml and Snakemake's rules (workflow/rules/stages.smk) from "
+              "workflow/stages.yaml, the one declaration of every stage: print them, --write "
+              "them, or --check that they are current.")
     s.add_argument("--declaration", type=Path, default=Path("workflow/stages.yaml"))
     s.add_argument("--write", action="store_true")
     s.add_argument("--check", action="store_true")

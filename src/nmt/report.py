@@ -253,9 +253,10 @@ def head_section(inp: Inputs) -> list[str]:
     if "scratch" in inp.models and BASELINE in inp.models:
         s, b = inp.cell(recipe, "scratch", testset), inp.cell(recipe, BASELINE, testset)
         # Several seeds: the test over seeds (training noise included); else the bootstrap.
-        bleu = [c for c in inp.comparisons[recipe, "scratch", testset] if c.metric == "BLEU"]
-        test = bleu[-1]
-        how = ("Welch t-test over the seeds" if kind_of(test) == "seeds"
+        bleu = {c.kind: c for c in inp.comparisons[recipe, "scratch", testset]
+                if c.metric == "BLEU"}
+        test = bleu.get("seeds") or bleu["bootstrap"]
+        how = ("Welch t-test over the seeds" if test.kind == "seeds"
                else f"paired bootstrap of seed {inp.seeds[0]}'s outputs")
         first = (f"On {testset} with the `{recipe}` recipe ({means}), the from-scratch "
                  f"Transformer reaches test loss {s.loss:.4f} and {s.bleu:.2f} BLEU against "
@@ -274,18 +275,14 @@ def head_section(inp: Inputs) -> list[str]:
             "`snakemake --cores 8`. Do not edit by hand.", ""]
 
 
-def kind_of(c: stats.Comparison) -> str:
-    return "seeds" if "Welch" in c.method else "bootstrap"
-
-
 def verdict_lines(inp: Inputs, recipe: str) -> list[str]:
     """The bootstrap verdicts on BLEU and test loss, and the seed test of BLEU where it ran."""
     shown_here = {("BLEU", "bootstrap"), ("test loss", "bootstrap"), ("BLEU", "seeds")}
-    lines = [f"- {testset} ({kind_of(c)}): "
+    lines = [f"- {testset} ({c.kind}): "
              f"{stats.verdict(c, digits=4 if c.metric == 'test loss' else 2)}"
              for system in challengers(inp.models) for testset in inp.testsets
              for c in inp.comparisons[recipe, system, testset]
-             if (c.metric, kind_of(c)) in shown_here]
+             if (c.metric, c.kind) in shown_here]
     return lines + [""] if lines else []
 
 

@@ -1,13 +1,16 @@
 """The stage contract: workflow/stages.yaml, the one declaration of every stage, read here.
 
-`render_dvc` writes dvc.yaml from it; workflow/Snakefile builds its rules from `load`; the
-tests compare what each stage really reads and runs against it (see the file's header).
+`nmt stages --write` renders both orchestrators' files from it: dvc.yaml (`render_dvc`) and
+Snakemake's rules, workflow/rules/stages.smk (`render_snakemake`); `nmt stages --check` and a
+test fail when either is stale. The tests compare what each stage really reads and runs
+against it (see the file's header).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +40,7 @@ class Stage:
     gpu: int | str = 0  # GPUs a job holds: a number, or a key of its recipe (train.devices)
     cache: bool = True
     report: dict = field(default_factory=dict)  # output -> Snakemake --report category
+    shared_code: list = field(default_factory=list)  # the part of code every stage runs
 
     def code_paths(self, files: bool = False) -> list[str]:
         """The modules it runs as repository paths: a package (models) is a folder for DVC,
@@ -47,13 +51,18 @@ class Stage:
         return [str(f) for p in paths for f in
                 (sorted(Path(p).rglob("*.py")) if Path(p).is_dir() else [Path(p)])]
 
+    def outputs(self) -> list[str]:
+        """Every file or folder it writes: outs, metrics and plots."""
+        return self.outs + self.metrics + self.plots
+
 
 def load(path: Path = DECLARATION) -> dict[str, Stage]:
     spec = yaml.safe_load(Path(path).read_text())
     shared = spec.get("shared_code", [])
     stages = {}
     for name, s in spec["stages"].items():
-        stages[name] = Stage(name=name, **{**s, "code": shared + s.get("code", [])})
+        stages[name] = Stage(name=name, **{**s, "code": shared + s.get("code", [])},
+                             shared_code=shared)
     return stages
 
 
@@ -94,7 +103,7 @@ def dvc_stage(s: Stage) -> dict:
 
 HEADER = """\
 # GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
-# Snakemake (workflow/Snakefile) builds its rules from the same declaration.
+# Snakemake's rules, workflow/rules/stages.smk, are rendered from the same declaration.
 """
 
 
@@ -110,34 +119,59 @@ def render_dvc(path: Path = DECLARATION) -> str:
     return HEADER + body
 
 
-# Snakemake's view of the declaration (workflow/Snakefile calls these at parse time).
+# ---- Snakemake: workflow/rules/stages.smk, one plain rule per stage -------------------------
+
+SNAKEMAKE_RULES = Path("workflow/rules/stages.smk")
+CONDA_ENV = "../envs/nmt.yaml"  # workflow/envs/nmt.yaml, relative to the rules file
+# What workflow/Snakefile names before it includes the rules: the lists a placeholder that is
+# not one of the job's wildcards expands over ({bench}: bench.recipe).
+LIST_NAMES = {"recipe": "RECIPES", "model": "MODELS", "seed": "SEEDS", "bench": "BENCH"}
+SNAKEMAKE_NAMES = {"threads", "input", "output", "log", "params", "wildcards", "resources"}
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+WIDTH = 100
+
+
+def placeholders(text: str) -> list[str]:
+    return list(dict.fromkeys(PLACEHOLDER.findall(text)))
+
+
+def input_templates(stage: Stage, stages: dict) -> list[tuple[str, list[str]]]:
+    """Its deps as Snakemake inputs: each a path, and its placeholders that are not the job's
+    wildcards, to expand over every value. A folder that other stages write into (results,
+    data/vocab) stands for every file they write there, over all their runs, as Snakemake
+    needs files, not a folder, as inputs."""
+    found = []
+    for dep in stage.deps:
+        own = any(o == dep for s in stages.values() for o in s.outs)
+        inside = [p for s in stages.values() if s is not stage for p in s.outputs()
+                  if p.startswith(f"{dep}/")]
+        if own or not inside:
+            found.append((dep, [n for n in placeholders(dep) if n not in stage.per]))
+        else:
+            found += [(p, placeholders(p)) for p in inside]
+    return found
+
+
+def expand(path: str, names: list[str], lists: dict, bench: str) -> list[str]:
+    """path for every combination of the values of names; other placeholders stay."""
+    values = [[bench] if n == "bench" else lists[n] for n in names]
+    out = []
+    for combo in itertools.product(*values):
+        value = dict(zip(names, map(str, combo), strict=True))
+        out.append(PLACEHOLDER.sub(lambda m, v=value: v.get(m.group(1), m.group(0)), path))
+    return out
+
+
 def fill(text: str, bench: str) -> str:
     """{bench} is bench.recipe."""
     return text.replace("{bench}", bench)
 
 
-def expand_runs(path: str, per: list, lists: dict) -> list[str]:
-    """path for every combination of the pipeline lists of its dimensions."""
-    combos = itertools.product(*(lists[d] for d in per))
-    return [path.format(**dict(zip(per, c, strict=True))) for c in combos] if per else [path]
-
-
-def produced(stage: Stage, lists: dict, bench: str) -> list[str]:
-    """Every file or folder a stage writes, over all its runs."""
-    return [q for p in stage.outs + stage.metrics + stage.plots
-            for q in expand_runs(fill(p, bench), stage.per, lists)]
-
-
 def snakemake_inputs(stage: Stage, stages: dict, lists: dict, bench: str) -> list[str]:
-    """Its code and deps; a folder that other stages write into (results, data/vocab) stands
-    for every file they write there, as Snakemake needs files, not a folder, as inputs."""
-    found = []
-    for dep in (fill(d, bench) for d in stage.deps):
-        own = any(fill(o, bench) == dep for s in stages.values() for o in s.outs)
-        inside = [p for s in stages.values() if s is not stage
-                  for p in produced(s, lists, bench) if p.startswith(f"{dep}/")]
-        found += [dep] if own or not inside else inside
-    return stage.code_paths(files=True) + found
+    """The inputs of the stage's rule in stages.smk, expanded (its wildcards left in): its
+    code files and deps."""
+    return stage.code_paths(files=True) + [q for p, names in input_templates(stage, stages)
+                                           for q in expand(p, names, lists, bench)]
 
 
 def lookup(section: dict, key: str):
@@ -146,28 +180,170 @@ def lookup(section: dict, key: str):
     return section
 
 
-def declared_values(stage: Stage, config: dict, recipe: str | None, bench: str) -> str:
-    """The values of the keys it declares, as JSON: Snakemake re-runs a job when they change."""
+def declared_values(config: dict, params=(), recipe_params=(), bench_params=(),
+                    recipe: str | None = None) -> str:
+    """The values of the keys a stage declares, as JSON: the `values` param of its rule, so
+    Snakemake re-runs a job when one changes. params: keys of params.yaml (`params.yaml`: all
+    of it); recipe_params: of the job's resolved recipe; bench_params: of bench.recipe's."""
     from nmt.recipes import resolve
 
-    out = {k: lookup(config, k) for k in stage.params if k != "params.yaml"}
-    if "params.yaml" in stage.params:
+    out = {k: lookup(config, k) for k in params if k != "params.yaml"}
+    if "params.yaml" in params:
         out["params.yaml"] = config
-    for keys, name in ((stage.recipe_params, recipe), (stage.bench_params, bench)):
+    for keys, name in ((recipe_params, recipe), (bench_params, config["bench"]["recipe"])):
         if keys:
             resolved = resolve(config, name)
             out |= {f"{name}:{k}": lookup(resolved, k) for k in keys}
     return json.dumps(out, sort_keys=True)
 
 
-def gpus(stage: Stage, config: dict, recipe: str | None) -> int:
-    """The GPUs one job of the stage holds (Snakemake's gpu resource)."""
-    from nmt.recipes import resolve
-
-    if isinstance(stage.gpu, int):
-        return stage.gpu
-    return lookup(resolve(config, recipe), stage.gpu)
-
-
 def log_path(stage: Stage) -> str:
     return "logs/" + "-".join([stage.name] + [f"{{{d}}}" for d in stage.per]) + ".log"
+
+
+def quote(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # a Python string literal, double-quoted
+
+
+def call(name: str, args: list[str], indent: int) -> str:
+    """name(args...) on one line if it fits; else the first argument, then the others on one
+    line under it, or one a line."""
+    one = f"{name}({', '.join(args)})"
+    if "\n" not in one and indent + len(one) < WIDTH:
+        return one
+    pad = "\n" + " " * (indent + len(name) + 1)
+    rest = ", ".join(args[1:])
+    if len(args) > 2 and "\n" not in rest and len(pad) - 1 + len(rest) + 2 < WIDTH:
+        return f"{name}({args[0]},{pad}{rest})"
+    return f"{name}(" + f",{pad}".join(args) + ")"
+
+
+def path_expr(path: str, names: list[str], indent: int = 8) -> str:
+    """A literal path, or expand() over the lists of names ({{kept}}: the job's wildcards)."""
+    if not names:
+        return quote(path)
+    kept = PLACEHOLDER.sub(lambda m: m.group(0) if m.group(1) in names else "{" + m.group(0)
+                           + "}", path)
+    return call("expand", [quote(kept)] + [f"{n}={LIST_NAMES[n]}" for n in names], indent)
+
+
+def key_list(keys: list[str], indent: int) -> str:
+    """["a", "b", ...], wrapped under its opening bracket."""
+    lines, line = [], "["
+    for i, k in enumerate(keys):
+        item = quote(k) + (", " if i < len(keys) - 1 else "]")
+        if len(line) > 1 and indent + len(line) + len(item.rstrip()) >= WIDTH:
+            lines.append(line.rstrip())
+            line = " "
+        line += item
+    return "\n".join(lines + [line]).replace("\n", "\n" + " " * indent)
+
+
+def shell_command(stage: Stage) -> str:
+    """Its cmd with Snakemake's names: {recipe} is {wildcards.recipe}, {bench} {params.bench};
+    Snakemake's own ({threads}, ...) stay; stderr goes to the rule's log."""
+    def name(m):
+        n = m.group(1)
+        if n in stage.per:
+            return f"{{wildcards.{n}}}"
+        if n == "bench":
+            return "{params.bench}"
+        if n in SNAKEMAKE_NAMES:
+            return m.group(0)
+        raise ValueError(f"stage {stage.name}: {m.group(0)} in its cmd is none of its "
+                         f"wildcards {stage.per}, {{bench}} or {sorted(SNAKEMAKE_NAMES)}")
+    return PLACEHOLDER.sub(name, stage.cmd) + " 2> {log}"
+
+
+def shell_lines(command: str, indent: int = 8) -> list[str]:
+    """The command as string literals (Python joins them) of at most WIDTH columns, broken
+    before an option (--name and its value) or the redirection, not inside one."""
+    parts, lines, line = re.split(r" (?=--|2> )", command), [], ""
+    for part in parts:
+        if line and indent + len(quote(line + " " + part)) >= WIDTH:
+            lines.append(line)
+            line = " " + part
+        else:
+            line = f"{line} {part}" if line else part
+    return [" " * indent + quote(x) for x in lines + [line]]
+
+
+def code_items(modules: list[str]) -> list[str]:
+    """Modules as input items: a file, or a package's .py files (package() in common.smk)."""
+    return [f"*package({quote(f'{CODE}/{c}')})" if is_dir(c) else quote(f"{CODE}/{c}")
+            for c in modules]
+
+
+def output_expr(stage: Stage, path: str) -> str:
+    names = [n for n in placeholders(path) if n not in stage.per]
+    category = stage.report.get(path)
+    if names and (is_dir(path) or category):
+        raise ValueError(f"stage {stage.name}: output {path} is a folder or a report item "
+                         "and holds placeholders that are not its wildcards")
+    out = path_expr(path, names)
+    if is_dir(path):
+        out = f"directory({out})"
+        if category:
+            return f'report({out}, patterns=["{{name}}.png"], category={quote(category)})'
+    return f"report({out}, category={quote(category)})" if category else out
+
+
+def smk_rule(stage: Stage, stages: dict) -> str:
+    """One plain rule: input (deps, then code=), output, params, threads, resources, log,
+    conda, shell."""
+    lines = [f"rule {stage.name}:", "    input:"]
+    lines += [f"        {path_expr(p, names)}," for p, names in input_templates(stage, stages)]
+    own = [c for c in stage.code if c not in stage.shared_code]
+    lines += ["        code=[", "            *SHARED_CODE,"]
+    lines += [f"            {item}," for item in code_items(own)] + ["        ],"]
+    lines += ["    output:"] + [f"        {output_expr(stage, p)}," for p in stage.outputs()]
+    declared = {k: v for k, v in (("params", stage.params), ("recipe_params",
+                stage.recipe_params), ("bench_params", stage.bench_params)) if v}
+    if "recipe_params" in declared and "recipe" not in stage.per:
+        raise ValueError(f"stage {stage.name}: recipe_params, but it does not run per recipe")
+    uses_bench = "bench" in placeholders(stage.cmd)
+    if declared or uses_bench:
+        lines.append("    params:")
+    if declared:
+        args = [f"{k}={key_list(v, 8 + len('values=declared(') + len(k) + 1)}"
+                for k, v in declared.items()]
+        lines.append(f"        values={call('declared', args, 8 + len('values='))},")
+    if uses_bench:
+        lines.append("        bench=BENCH,")
+    if stage.threads != 1:
+        lines.append(f"    threads: {stage.threads}")
+    if stage.gpu:
+        if isinstance(stage.gpu, str) and "recipe" not in stage.per:
+            raise ValueError(f"stage {stage.name}: gpu {stage.gpu} is a recipe key, but it "
+                             "does not run per recipe")
+        gpu = stage.gpu if isinstance(stage.gpu, int) else f"from_recipe({quote(stage.gpu)})"
+        lines += ["    resources:", f"        gpu={gpu},"]
+    lines += ["    log:", f"        {quote(log_path(stage))},", "    conda:",
+              f"        {quote(CONDA_ENV)}", "    shell:"] + shell_lines(shell_command(stage))
+    return "\n".join(lines) + "\n"
+
+
+SMK_HEADER = """\
+# GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
+# Snakemake's rules, one a stage: the commands dvc.yaml runs, on the same files.
+# workflow/Snakefile names RECIPES, MODELS, SEEDS (pipeline.*) and BENCH (bench.recipe) before
+# it includes this file; declared() and from_recipe() are in rules/common.smk.
+# params.values holds the values of the keys the stage declares (params.yaml, its recipe's):
+# Snakemake re-runs a job when its params change, so an edit re-runs exactly what reads it.
+"""
+
+
+def render_snakemake(path: Path = DECLARATION) -> str:
+    stages = load(path)
+    shared = next(iter(stages.values())).shared_code
+    head = ["# The modules every `nmt` command runs (shared_code); each rule adds its own.",
+            "SHARED_CODE = ["] + [f"    {item}," for item in code_items(shared)] + ["]"]
+    return "\n\n".join([SMK_HEADER + "\n" + "\n".join(head) + "\n"]
+                       + [smk_rule(s, stages) for s in stages.values()])
+
+
+# ---- both ---------------------------------------------------------------------------------
+
+def rendered(path: Path = DECLARATION) -> dict[Path, str]:
+    """Every file rendered from the declaration (`nmt stages --write`), by its path."""
+    return {Path("dvc.yaml"): render_dvc(path), SNAKEMAKE_RULES: render_snakemake(path)}

@@ -19,7 +19,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
@@ -30,6 +30,7 @@ from nmt.errors import NmtError
 N_SAMPLES = 1000  # bootstrap resamples, sacreBLEU's default for its paired bootstrap
 SEED = 12345      # sacreBLEU's default SACREBLEU_SEED; it treats 0 as "no seed", so never 0
 ALPHA = 0.05
+KINDS = ("bootstrap", "seeds")  # Comparison.kind: paired bootstrap, or Welch over seeds
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,17 @@ class Comparison:
     method: str             # how difference, CI and p were obtained, in words
     higher_is_better: bool = True
     signature: str = ""     # sacreBLEU's signature, bootstrap settings included
+    # What was resampled: "bootstrap" (test sentences of one pair of trained models) or
+    # "seeds" (the training seeds, Welch). Keyword only; set where the comparison is made.
+    kind: str = field(kw_only=True)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Comparison kind {self.kind!r}: not one of {KINDS}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field but kind, which `method` says in words (statistics.json)."""
+        return {k: v for k, v in asdict(self).items() if k != "kind"}
 
 
 def resample_indices(n_items: int, n_samples: int = N_SAMPLES, seed: int = SEED) -> np.ndarray:
@@ -177,7 +186,7 @@ def paired_bootstrap(system: list[str], baseline: list[str], references: list[st
         out[label] = Comparison(
             label, names[0], names[1], sys.score, base.score, sys.score - base.score, low, high,
             p, f"sacreBLEU paired bootstrap, {n_samples} resamples, seed {seed}",
-            signature=str(signatures[key]))
+            signature=str(signatures[key]), kind="bootstrap")
     return out
 
 
@@ -207,7 +216,7 @@ def loss_bootstrap(system: tuple[Sequence[float], Sequence[int]],
                       float(s_score - b_score), low, high,
                       shift_p_value(s_score - b_score, diffs),
                       f"paired bootstrap over sentences, {n_samples} resamples, seed {seed}",
-                      higher_is_better=False)
+                      higher_is_better=False, kind="bootstrap")
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -272,7 +281,7 @@ def welch(system: Sequence[float], baseline: Sequence[float], metric: str,
         low, high, p = diff - half, diff + half, t_two_sided_p(diff / se, df)
     return Comparison(metric, names[0], names[1], s.mean, b.mean, diff, low, high, p,
                       f"Welch t-test over seeds, n = {s.n} vs {b.n}",
-                      higher_is_better=higher_is_better)
+                      higher_is_better=higher_is_better, kind="seeds")
 
 
 def format_p(p: float) -> str:

@@ -1,13 +1,25 @@
-# How a declared output becomes a Snakemake output: folders are directory(), and outputs the
-# declaration gives a report category are marked for `snakemake --report`.
-from nmt.stages import is_dir
+# What the generated rules (rules/stages.smk) call: their params, resources and code inputs
+# that depend on the config or on the files of a package.
+from pathlib import Path
+
+from nmt.recipes import resolve
+from nmt.stages import declared_values, lookup
 
 
-def output(path, stage):
-    out = directory(path) if is_dir(path) else path
-    category = stage.report.get(path)
-    if category is None:
-        return out
-    if is_dir(path):
-        return report(out, patterns=["{name}.png"], category=category)
-    return report(out, category=category)
+def declared(params=(), recipe_params=(), bench_params=()):
+    """A job's `values` param: the values of the keys its stage declares, as JSON (params:
+    keys of params.yaml; recipe_params: of the job's recipe, resolved; bench_params: of
+    bench.recipe's). Snakemake re-runs a job when its params change."""
+    return lambda wildcards: declared_values(
+        config, params, recipe_params, bench_params, wildcards.get("recipe")
+    )
+
+
+def from_recipe(key):
+    """A key of the job's recipe, resolved: train.devices is the GPUs a training holds."""
+    return lambda wildcards: lookup(resolve(config, wildcards.recipe), key)
+
+
+def package(folder):
+    """A package's modules as inputs: its .py files (Snakemake compares their times)."""
+    return [str(p) for p in sorted(Path(folder).rglob("*.py"))]

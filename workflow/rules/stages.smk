@@ -1,0 +1,287 @@
+# GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
+# Snakemake's rules, one a stage: the commands dvc.yaml runs, on the same files.
+# workflow/Snakefile names RECIPES, MODELS, SEEDS (pipeline.*) and BENCH (bench.recipe) before
+# it includes this file; declared() and from_recipe() are in rules/common.smk.
+# params.values holds the values of the keys the stage declares (params.yaml, its recipe's):
+# Snakemake re-runs a job when its params change, so an edit re-runs exactly what reads it.
+
+# The modules every `nmt` command runs (shared_code); each rule adds its own.
+SHARED_CODE = [
+    "src/nmt/__init__.py",
+    "src/nmt/cli.py",
+    "src/nmt/errors.py",
+    "src/nmt/params.py",
+    "src/nmt/recipes.py",
+    "src/nmt/runs.py",
+]
+
+
+rule download:
+    input:
+        "workflow/multi30k.sha256",
+        code=[
+            *SHARED_CODE,
+            "src/nmt/download.py",
+            "src/nmt/files.py",
+        ],
+    output:
+        directory("data/raw"),
+    params:
+        values=declared(params=["data.base_url", "data.source_lang", "data.target_lang",
+                                "data.testsets"]),
+    log:
+        "logs/download.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt download --out data/raw 2> {log}"
+
+
+rule tokenize:
+    input:
+        "data/raw",
+        code=[
+            *SHARED_CODE,
+            "src/nmt/tokenize.py",
+            "src/nmt/text.py",
+            "src/nmt/files.py",
+        ],
+    output:
+        directory("data/tokenized"),
+    params:
+        values=declared(params=["data.source_lang", "data.target_lang", "data.testsets",
+                                "data.max_train_pairs", "data.max_test_pairs",
+                                "tokenize.batch_size"]),
+    log:
+        "logs/tokenize.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt tokenize --raw data/raw --out data/tokenized 2> {log}"
+
+
+rule config:
+    input:
+        code=[
+            *SHARED_CODE,
+            "src/nmt/files.py",
+        ],
+    output:
+        "params/{recipe}.yaml",
+    params:
+        values=declared(params=["data", "tokenize", "vocab", "model", "train", "evaluate", "bench",
+                                "report", "pipeline", "recipes"]),
+    log:
+        "logs/config-{recipe}.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt config --recipe {wildcards.recipe} --out params/{wildcards.recipe}.yaml 2> {log}"
+
+
+rule vocab:
+    input:
+        "data/tokenized",
+        code=[
+            *SHARED_CODE,
+            "src/nmt/vocab.py",
+            "src/nmt/text.py",
+            "src/nmt/files.py",
+        ],
+    output:
+        directory("data/vocab/{recipe}"),
+    params:
+        values=declared(recipe_params=["data.source_lang", "data.target_lang", "vocab.kind",
+                                       "vocab.min_freq", "vocab.bpe_size"]),
+    log:
+        "logs/vocab-{recipe}.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt vocab --recipe {wildcards.recipe} --tokenized data/tokenized"
+        " --out data/vocab/{wildcards.recipe} 2> {log}"
+
+
+rule verify:
+    input:
+        "data/tokenized",
+        "data/vocab/{recipe}",
+        code=[
+            *SHARED_CODE,
+            *package("src/nmt/verify"),
+            "src/nmt/data.py",
+            "src/nmt/vocab.py",
+            "src/nmt/text.py",
+            "src/nmt/files.py",
+            *package("src/nmt/models"),
+        ],
+    output:
+        "results/verify/{recipe}.json",
+    params:
+        values=declared(recipe_params=["model"]),
+    threads: 8
+    log:
+        "logs/verify-{recipe}.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt verify --recipe {wildcards.recipe} --tokenized data/tokenized"
+        " --vocab data/vocab/{wildcards.recipe} --out results/verify/{wildcards.recipe}.json"
+        " --threads {threads} 2> {log}"
+
+
+rule train:
+    input:
+        "results/verify/{recipe}.json",
+        "data/tokenized",
+        "data/vocab/{recipe}",
+        code=[
+            *SHARED_CODE,
+            "src/nmt/train.py",
+            "src/nmt/resume.py",
+            "src/nmt/distributed.py",
+            "src/nmt/runtime.py",
+            "src/nmt/checkpoint.py",
+            "src/nmt/data.py",
+            "src/nmt/vocab.py",
+            "src/nmt/text.py",
+            "src/nmt/files.py",
+            *package("src/nmt/models"),
+        ],
+    output:
+        "results/{recipe}-{model}-s{seed}/best.pt",
+        "results/{recipe}-{model}-s{seed}/last.pt",
+        "results/{recipe}-{model}-s{seed}/train.json",
+        "results/{recipe}-{model}-s{seed}/history.csv",
+    params:
+        values=declared(recipe_params=["data.source_lang", "data.target_lang",
+                                       "data.max_train_pairs", "model", "train"]),
+    threads: 8
+    resources:
+        gpu=from_recipe("train.devices"),
+    log:
+        "logs/train-{recipe}-{model}-{seed}.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt train --recipe {wildcards.recipe} --model {wildcards.model} --seed {wildcards.seed}"
+        " --tokenized data/tokenized --vocab data/vocab/{wildcards.recipe} --results results"
+        " --threads {threads} 2> {log}"
+
+
+rule evaluate:
+    input:
+        "results/{recipe}-{model}-s{seed}/best.pt",
+        "data/tokenized",
+        "data/vocab/{recipe}",
+        code=[
+            *SHARED_CODE,
+            "src/nmt/evaluate.py",
+            "src/nmt/search.py",
+            "src/nmt/runtime.py",
+            "src/nmt/checkpoint.py",
+            "src/nmt/data.py",
+            "src/nmt/vocab.py",
+            "src/nmt/text.py",
+            "src/nmt/files.py",
+            *package("src/nmt/models"),
+        ],
+    output:
+        directory("results/{recipe}-{model}-s{seed}/translations"),
+        "results/{recipe}-{model}-s{seed}/attention.json",
+        "results/{recipe}-{model}-s{seed}/evaluation.json",
+        "results/{recipe}-{model}-s{seed}/metrics.json",
+    params:
+        values=declared(recipe_params=["data.target_lang", "evaluate", "train.device"]),
+    threads: 8
+    resources:
+        gpu=1,
+    log:
+        "logs/evaluate-{recipe}-{model}-{seed}.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt evaluate --recipe {wildcards.recipe} --model {wildcards.model}"
+        " --seed {wildcards.seed} --tokenized data/tokenized --vocab data/vocab/{wildcards.recipe}"
+        " --results results --threads {threads} 2> {log}"
+
+
+rule bench:
+    input:
+        "data/tokenized",
+        expand("data/vocab/{bench}", bench=BENCH),
+        code=[
+            *SHARED_CODE,
+            "src/nmt/bench.py",
+            "src/nmt/search.py",
+            "src/nmt/runtime.py",
+            "src/nmt/data.py",
+            "src/nmt/vocab.py",
+            "src/nmt/text.py",
+            "src/nmt/files.py",
+            *package("src/nmt/models"),
+        ],
+    output:
+        "results/bench.json",
+    params:
+        values=declared(params=["bench"], bench_params=["model", "train", "evaluate"]),
+        bench=BENCH,
+    threads: 8
+    resources:
+        gpu=1,
+    log:
+        "logs/bench.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt bench --recipe {params.bench} --tokenized data/tokenized"
+        " --vocab data/vocab/{params.bench} --json results/bench.json --threads {threads} 2> {log}"
+
+
+rule report:
+    input:
+        expand("results/verify/{recipe}.json", recipe=RECIPES),
+        expand("results/{recipe}-{model}-s{seed}/best.pt",
+               recipe=RECIPES, model=MODELS, seed=SEEDS),
+        expand("results/{recipe}-{model}-s{seed}/last.pt",
+               recipe=RECIPES, model=MODELS, seed=SEEDS),
+        expand("results/{recipe}-{model}-s{seed}/train.json",
+               recipe=RECIPES, model=MODELS, seed=SEEDS),
+        expand("results/{recipe}-{model}-s{seed}/history.csv",
+               recipe=RECIPES, model=MODELS, seed=SEEDS),
+        expand("results/{recipe}-{model}-s{seed}/translations",
+               recipe=RECIPES, model=MODELS, seed=SEEDS),
+        expand("results/{recipe}-{model}-s{seed}/attention.json",
+               recipe=RECIPES, model=MODELS, seed=SEEDS),
+        expand("results/{recipe}-{model}-s{seed}/evaluation.json",
+               recipe=RECIPES, model=MODELS, seed=SEEDS),
+        expand("results/{recipe}-{model}-s{seed}/metrics.json",
+               recipe=RECIPES, model=MODELS, seed=SEEDS),
+        "results/bench.json",
+        "data/tokenized",
+        expand("data/vocab/{recipe}", recipe=RECIPES),
+        code=[
+            *SHARED_CODE,
+            "src/nmt/report.py",
+            "src/nmt/stats.py",
+            "src/nmt/text.py",
+            "src/nmt/files.py",
+        ],
+    output:
+        "reports/report.md",
+        report("reports/results.csv", category="Results"),
+        report("reports/results_summary.csv", category="Results"),
+        "reports/statistics.json",
+        "reports/curves.csv",
+        report(directory("reports/figures"), patterns=["{name}.png"], category="Figures"),
+        "reports/metrics.json",
+    params:
+        values=declared(params=["data", "vocab", "model", "train", "evaluate", "report",
+                                "pipeline", "recipes"]),
+    log:
+        "logs/report.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt report --tokenized data/tokenized --vocab data/vocab --results results --out reports"
+        " 2> {log}"
