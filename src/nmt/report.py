@@ -25,7 +25,7 @@ from nmt import stats  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.files import atomic_dir, atomic_path, read_json, write_json, write_text  # noqa: E402
 from nmt.recipes import resolve  # noqa: E402
-from nmt.runs import Run, runs  # noqa: E402
+from nmt.runs import Run, RunFiles, runs  # noqa: E402
 from nmt.text import read_lines  # noqa: E402
 
 log = logging.getLogger("nmt.report")
@@ -74,9 +74,9 @@ class Inputs:
     def langs(self) -> tuple[str, str]:
         return self.params["data"]["source_lang"], self.params["data"]["target_lang"]
 
-    def run_dir(self, recipe: str, model: str, seed: int | None = None) -> Path:
-        """A run's folder; seed None is the first seed (the one samples and tests use)."""
-        return Run(recipe, model, self.seeds[0] if seed is None else seed).dir(self.results)
+    def run_files(self, recipe: str, model: str, seed: int | None = None) -> RunFiles:
+        """A run's files; seed None is the first seed (the one samples and tests use)."""
+        return Run(recipe, model, self.seeds[0] if seed is None else seed).files(self.results)
 
     def cell(self, recipe: str, model: str, testset: str) -> pd.Series:
         s = self.summary
@@ -110,14 +110,14 @@ def collect(params: dict, results: Path) -> tuple[pd.DataFrame, dict]:
     """The per-seed results table and each run's train.json, evaluation.json and history."""
     rows, found = [], {}
     for run in runs(params):  # pipeline.recipes x models x seeds
-        folder = run.dir(results)
-        metrics = read_json(need(folder / "metrics.json"))
-        found[run] = {"train": read_json(need(folder / "train.json")),
-                      "evaluation": read_json(need(folder / "evaluation.json")),
-                      "history": pd.read_csv(need(folder / "history.csv"))}
+        files = run.files(results)
+        metrics = read_json(need(files.metrics))
+        found[run] = {"train": read_json(need(files.summary)),
+                      "evaluation": read_json(need(files.evaluation)),
+                      "history": pd.read_csv(need(files.history))}
         for testset in params["evaluate"]["testsets"]:
             if testset not in metrics:
-                raise NmtError(f"{folder / 'metrics.json'} has no {testset} "
+                raise NmtError(f"{files.metrics} has no {testset} "
                                "(fix: re-run `nmt evaluate` with the current params.yaml)")
             rows.append({"recipe": run.recipe, "model": run.model, "testset": testset,
                          "seed": run.seed, **{m: metrics[testset][m] for m in METRICS},
@@ -140,10 +140,10 @@ def compare(inp: Inputs, recipe: str, system: str, testset: str) -> list[stats.C
     names = (system, BASELINE)
     tgt = inp.langs[1]
     refs = read_lines(need(inp.tokenized / f"{testset}.{tgt}.txt"))
-    out = [read_lines(need(inp.run_dir(recipe, m) / "translations" / f"{testset}.beam.txt"))
+    out = [read_lines(need(inp.run_files(recipe, m).translations / f"{testset}.beam.txt"))
            for m in names]
     found = list(stats.paired_bootstrap(out[0], out[1], refs, names).values())
-    losses = [read_losses(inp.run_dir(recipe, m) / "translations" / f"{testset}.loss.tsv")
+    losses = [read_losses(inp.run_files(recipe, m).translations / f"{testset}.loss.tsv")
               for m in names]
     found.append(stats.loss_bootstrap(losses[0], losses[1], names))
     t = inp.table[(inp.table.recipe == recipe) & (inp.table.testset == testset)]
@@ -223,7 +223,7 @@ def draw_figures(inp: Inputs, folder: Path) -> dict[str, str]:
     plot_losses(inp, folder / names["loss"])
     recipe, seed = inp.recipes[0], inp.seeds[0]
     for model in inp.models:
-        attention = read_json(need(inp.run_dir(recipe, model) / "attention.json"))
+        attention = read_json(need(inp.run_files(recipe, model).attention))
         names[f"attention {model}"] = f"attention_{model}.png"
         plot_attention(attention, Run(recipe, model, seed).name, folder / f"attention_{model}.png")
     return names
@@ -432,7 +432,7 @@ def samples_section(inp: Inputs) -> list[str]:
     src_lang, tgt_lang = inp.langs
     sources = read_lines(need(inp.tokenized / f"{testset}.{src_lang}.txt"))
     refs = read_lines(need(inp.tokenized / f"{testset}.{tgt_lang}.txt"))
-    outputs = {m: read_lines(need(inp.run_dir(recipe, m) / "translations"
+    outputs = {m: read_lines(need(inp.run_files(recipe, m).translations
                                   / f"{testset}.beam.txt")) for m in inp.models}
     count = inp.params["report"]["samples"]
     step = max(1, len(sources) // max(1, count))
@@ -451,7 +451,7 @@ def attention_section(inp: Inputs, figures: dict[str, str]) -> list[str]:
              f"One sentence of {inp.testsets[0]} (`evaluate.attention_example`), recipe "
              f"`{recipe}`, seed {inp.seeds[0]}.", ""]
     for model in inp.models:
-        attention = read_json(need(inp.run_dir(recipe, model) / "attention.json"))
+        attention = read_json(need(inp.run_files(recipe, model).attention))
         translation = attention["translation"]
         lines += [f"### {model}", "", f"Source pieces: `{' '.join(attention['source'])}`", "",
                   f"Output: {f'*{translation}*' if translation.strip() else shown('')}", "",
