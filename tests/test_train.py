@@ -18,14 +18,7 @@ from nmt.runs import Run
 from nmt.runtime import corpus_loss
 from nmt.train import long_run_note, lr_factor, train
 from nmt.vocab import load_codecs
-from train_helpers import (
-    nmt_process,
-    params_file,
-    tiny_data,
-    tiny_params,
-    train_argv,
-    train_paths,
-)
+from train_helpers import nmt_process, params_file, tiny_data, tiny_params, train_argv, train_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 RUN = Run("published", "scratch", 0)

@@ -12,55 +12,33 @@ from nmt.errors import NmtError
 MODEL_NAMES = ("baseline", "scratch", "decoder_only")
 
 
+def _in_folder(name: str) -> property:
+    """A RunFiles property: the file `name` in the run's folder."""
+    return property(lambda files: files.folder / name, doc=f"<run folder>/{name}")
+
+
 @dataclass(frozen=True)
 class RunFiles:
-    """What a run folder holds: train writes the first four, evaluate the rest."""
+    """What a run folder holds; the one place its file names are spelled."""
 
     folder: Path
 
-    @property
-    def best(self) -> Path:
-        """The weights of the best validation loss (or their average): what evaluate reads."""
-        return self.folder / "best.pt"
-
-    @property
-    def last(self) -> Path:
-        return self.folder / "last.pt"
-
-    @property
-    def history(self) -> Path:
-        """history.csv: one row an epoch."""
-        return self.folder / "history.csv"
-
-    @property
-    def summary(self) -> Path:
-        """train.json: what the report reads about the training (written last)."""
-        return self.folder / "train.json"
-
-    @property
-    def resume(self) -> Path:
-        """resume.pt: an unfinished training's state (no stage's output)."""
-        return self.folder / "resume.pt"
-
-    @property
-    def metrics(self) -> Path:
-        return self.folder / "metrics.json"
-
-    @property
-    def evaluation(self) -> Path:
-        return self.folder / "evaluation.json"
-
-    @property
-    def translations(self) -> Path:
-        return self.folder / "translations"
-
-    @property
-    def attention(self) -> Path:
-        return self.folder / "attention.json"
+    # nmt train writes these four, only when training completes (train.json last).
+    best = _in_folder("best.pt")  # the best validation loss's weights (or their average)
+    last = _in_folder("last.pt")  # the last epoch's weights
+    history = _in_folder("history.csv")  # one row an epoch
+    summary = _in_folder("train.json")  # what the report reads about the training
+    # An unfinished training's state (no stage's output; removed when training completes).
+    resume = _in_folder("resume.pt")
+    # nmt evaluate writes these.
+    metrics = _in_folder("metrics.json")  # the numbers people compare
+    evaluation = _in_folder("evaluation.json")  # what produced them
+    translations = _in_folder("translations")  # <testset>.{greedy,beam}.txt, .loss.tsv
+    attention = _in_folder("attention.json")  # one sentence's cross-attention
 
     @property
     def trained(self) -> tuple[Path, ...]:
-        """The training stage's outputs, all written only when training completes."""
+        """The training stage's outputs."""
         return (self.best, self.last, self.history, self.summary)
 
 
