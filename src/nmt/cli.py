@@ -181,8 +181,8 @@ def shared_options() -> dict[str, argparse.ArgumentParser]:
     run.add_argument("--model", required=True, choices=MODEL_NAMES)
     run.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
     threads.add_argument("--threads", type=int, default=None,
-                         help="torch threads, at most the machine's cores (default: torch's, "
-                              "which follows OMP_NUM_THREADS)")
+                         help="torch threads, at most the machine's cores (default: "
+                              "OMP_NUM_THREADS, else torch's own)")
     return {"recipe": recipe, "data": data, "results": results, "run": run, "threads": threads}
 
 
@@ -254,7 +254,7 @@ def add_other_commands(stage, opt: dict) -> None:
     s = stage("translate", cmd_translate,
               "Translate German sentences given as arguments, in --file, or on standard input, "
               "with a trained run's checkpoint; prints one English line per input line.",
-              opt["results"])
+              opt["results"], opt["threads"])
     s.add_argument("sentences", nargs="*")
     s.add_argument("--run", default="published-scratch-s0",
                    help="results/<run> to load (default: published-scratch-s0)")
@@ -273,13 +273,17 @@ def add_other_commands(stage, opt: dict) -> None:
 
 
 def set_threads(threads: int | None) -> None:
-    """--threads N: torch uses N threads, or the machine's cores if fewer. The declaration's
-    `threads:` reaches every torch stage this way, under DVC and Snakemake alike, so both
-    give the same numbers."""
-    if threads is not None:
-        import torch
+    """torch's thread count, set explicitly (so MKL, which Snakemake's MKL_NUM_THREADS would
+    otherwise steer, follows it too): --threads N, at most the machine's cores, else
+    OMP_NUM_THREADS when set (the processes torchrun starts get theirs that way). The
+    declaration's `threads:` reaches every torch stage as --threads, under DVC and Snakemake
+    alike, so both give the same numbers."""
+    if threads is None and not os.environ.get("OMP_NUM_THREADS"):
+        return
+    import torch
 
-        torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
+    wanted = threads if threads is not None else int(os.environ["OMP_NUM_THREADS"])
+    torch.set_num_threads(max(1, min(wanted, os.cpu_count() or 1)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             from nmt.tracking import start_tracking
 
             params = start_tracking(params, reads)
-        set_threads(getattr(args, "threads", None))
+        if hasattr(args, "threads"):  # the torch stages
+            set_threads(args.threads)
         return args.func(args, params) or 0
     except NmtError as e:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
