@@ -37,6 +37,9 @@ def test_repository_params_are_valid():
         ({"recipes": {"published": {}, "bad": {"train": {"lr": -1}}}},
          "recipes.bad.train.lr: -1 is less than or equal to the minimum of 0"),
         ({"model": {"tie_embeddings": True}}, "tie_embeddings needs one shared vocabulary"),
+        # Limits the schema alone owns (ModelConfig no longer repeats them).
+        ({"model": {"dropout": 1.0}}, "model.dropout: 1.0 is greater than or equal to the max"),
+        ({"model": {"num_encoder_layers": 0}}, "model.num_encoder_layers: 0 is less than the"),
     ],
 )
 def test_bad_params_name_the_key_and_the_fix(params_file, edit, expected):
