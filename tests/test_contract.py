@@ -135,6 +135,23 @@ def jobs(params: dict) -> dict[str, tuple[stages.Stage, dict]]:
     return out
 
 
+def expand(path: str, names: list[str], lists: dict, bench: str) -> list[str]:
+    """path for every combination of the values of names; other placeholders stay."""
+    out = []
+    for combo in itertools.product(*([bench] if n == "bench" else lists[n] for n in names)):
+        value = dict(zip(names, map(str, combo), strict=True))
+        out.append(stages.PLACEHOLDER.sub(lambda m, v=value: v.get(m.group(1), m.group(0)), path))
+    return out
+
+
+def snakemake_inputs(stage: stages.Stage, lists: dict, bench: str) -> list[str]:
+    """The inputs of the stage's rule in stages.smk, expanded (its wildcards left in): its
+    code files and deps, the way Snakemake reads them."""
+    return stage.code_paths(files=True) + [
+        q for p, names in stages.input_templates(stage, STAGES)
+        for q in expand(p, names, lists, bench)]
+
+
 def downstream(direct: set[str], params: dict) -> set[str]:
     """direct and every job that reads what they write (Snakemake's view of a change)."""
     bench, lists = params["bench"]["recipe"], {d: params["pipeline"][f"{d}s"]
@@ -144,9 +161,9 @@ def downstream(direct: set[str], params: dict) -> set[str]:
     def files(job, kind):
         s, v = all_jobs[job]
         if kind == "outs":
-            paths = [stages.fill(o, bench) for o in s.outs + s.metrics + s.plots]
+            paths = [o.replace("{bench}", bench) for o in s.outputs()]
         else:
-            paths = stages.snakemake_inputs(s, STAGES, lists, bench)
+            paths = snakemake_inputs(s, lists, bench)
         return {p.format(**v) for p in paths}
 
     found, todo = set(direct), list(direct)

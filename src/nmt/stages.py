@@ -8,7 +8,6 @@ against it (see the file's header).
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -150,28 +149,6 @@ def input_templates(stage: Stage, stages: dict) -> list[tuple[str, list[str]]]:
         else:
             found += [(p, placeholders(p)) for p in inside]
     return found
-
-
-def expand(path: str, names: list[str], lists: dict, bench: str) -> list[str]:
-    """path for every combination of the values of names; other placeholders stay."""
-    values = [[bench] if n == "bench" else lists[n] for n in names]
-    out = []
-    for combo in itertools.product(*values):
-        value = dict(zip(names, map(str, combo), strict=True))
-        out.append(PLACEHOLDER.sub(lambda m, v=value: v.get(m.group(1), m.group(0)), path))
-    return out
-
-
-def fill(text: str, bench: str) -> str:
-    """{bench} is bench.recipe."""
-    return text.replace("{bench}", bench)
-
-
-def snakemake_inputs(stage: Stage, stages: dict, lists: dict, bench: str) -> list[str]:
-    """The inputs of the stage's rule in stages.smk, expanded (its wildcards left in): its
-    code files and deps."""
-    return stage.code_paths(files=True) + [q for p, names in input_templates(stage, stages)
-                                           for q in expand(p, names, lists, bench)]
 
 
 def lookup(section: dict, key: str):
