@@ -8,6 +8,7 @@ overrides, then applies its own.
 from __future__ import annotations
 
 import copy
+from functools import singledispatch
 from typing import Any
 
 from nmt.errors import NmtError
@@ -16,10 +17,9 @@ RECIPE_SECTIONS = ("vocab", "model", "train", "evaluate")  # what a recipe may o
 NOT_RESOLVED = ("recipes", "pipeline", "bench")  # sections about the pipeline, not a recipe
 
 
+@singledispatch  # another mapping type may register its own (nmt.tracking does)
 def resolve(params: dict, recipe: str) -> dict[str, Any]:
     """The sections of one recipe: the top level with recipes.<recipe> merged over it."""
-    if hasattr(params, "resolve_recipe"):  # a read-recording view resolves itself (nmt.tracking)
-        return params.resolve_recipe(recipe)
     if recipe not in params["recipes"]:
         known = ", ".join(params["recipes"])
         raise NmtError(f"unknown recipe {recipe!r} (fix: use one of: {known})")

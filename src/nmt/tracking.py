@@ -48,10 +48,12 @@ class Tracked(dict):
         """The data without recording reads."""
         return copy.deepcopy(dict(super().items()))
 
-    def resolve_recipe(self, recipe: str) -> Tracked:
-        """nmt.recipes.resolve of this view: resolving reads nothing; the recipe's keys, read
-        later, are recorded as keys of params/<recipe>.yaml."""
-        return Tracked(resolve(self.plain(), recipe), self.reads, ns="recipe")
+
+@resolve.register
+def _(params: Tracked, recipe: str) -> Tracked:
+    """nmt.recipes.resolve of a tracked view: resolving reads nothing; the recipe's keys, read
+    later, are recorded as keys of params/<recipe>.yaml."""
+    return Tracked(resolve(params.plain(), recipe), params.reads, ns="recipe")
 
 
 def start_tracking(params: dict, reads: set) -> Tracked:
