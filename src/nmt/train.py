@@ -137,7 +137,7 @@ class Trainer:
 
     @property
     def n_params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        return self.checkpoint_meta["n_params"]
 
     def plan(self, epoch: int) -> list[tuple[list[int], bool]]:
         """This rank's micro-batches of epoch `epoch` (1-based) as (indices, real), in order:
