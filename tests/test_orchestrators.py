@@ -273,4 +273,4 @@ def test_a_cut_tokenized_file_is_noticed_and_each_tool_recovers(trained):
     assert "rule tokenize:" in run(["snakemake", "-n"], trained)
     run(["dvc", "checkout", "data/tokenized"], trained)  # DVC's: restore from its cache
     assert tok.read_text() == "".join(lines)
-    assert not error_lines(run(["snakemake", "-n"], trained))  # intact again
+    assert "snakemake: error" not in run(["snakemake", "-n"], trained)  # intact again
