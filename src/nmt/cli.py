@@ -24,6 +24,10 @@ from nmt.runs import MODEL_NAMES, Run
 
 RAW, TOKENIZED, VOCAB, RESULTS, REPORTS = (
     Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"))
+# The pipeline's stages: each writes into the folder, so each refuses to run while the other
+# orchestrator holds it (nmt.orchestrators).
+STAGES = ("download", "tokenize", "config", "vocab", "verify", "train", "evaluate", "bench",
+          "report")
 
 
 def recipe_vocab(args) -> Path:
@@ -119,8 +123,13 @@ def cmd_translate(args, params):
 
 
 def cmd_config(args, params):
+    from nmt import preflight
     from nmt.files import write_text
 
+    # DVC runs this stage first after any params edit: a job bound to fail stops here, before
+    # `dvc repro` deletes its outputs (Snakemake runs the same checks itself).
+    preflight.check_settings(params)
+    preflight.check_devices(params)
     # Written only when its content changes: an unchanged recipe keeps its bytes and mtime.
     text = yaml.safe_dump(resolve(params, args.recipe), sort_keys=True)
     out = args.out or Path("params") / f"{args.recipe}.yaml"
@@ -292,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(name)s: %(message)s", stream=sys.stderr)
     reads = set()
     try:
+        if args.stage in STAGES:
+            from nmt.orchestrators import refuse_others
+
+            refuse_others(doing=f"nmt {args.stage}")
         params = load_params(args.params)
         if os.environ.get("NMT_TRACK_READS"):  # tests: which keys and modules a stage uses
             from nmt.tracking import start_tracking

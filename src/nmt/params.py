@@ -146,6 +146,12 @@ def validate(params: dict, schema_path: Path) -> dict:
 def load_params(path: str | Path = "params.yaml") -> dict:
     """Read and validate params.yaml; every error is one NmtError line."""
     path = Path(path)
+    return validate(read_params(path), find_schema(path))
+
+
+def read_params(path: Path) -> dict:
+    """params.yaml as a mapping, not yet validated; a YAML syntax error names the file's line
+    (Snakemake reads it too, and would name its own Snakefile's `configfile:` line)."""
     if not path.is_file():
         raise NmtError(f"{path}: not found (fix: run from the repository root or pass --params)")
     try:
@@ -156,4 +162,4 @@ def load_params(path: str | Path = "params.yaml") -> dict:
         raise NmtError(f"{path}: not valid YAML{at} (fix: correct the syntax)") from None
     if not isinstance(params, dict):
         raise NmtError(f"{path}: expected a mapping of sections (fix: see the repository's copy)")
-    return validate(params, find_schema(path))
+    return params

@@ -10,10 +10,32 @@ SHARED_CODE = [
     "src/nmt/__init__.py",
     "src/nmt/cli.py",
     "src/nmt/errors.py",
+    "src/nmt/orchestrators.py",
     "src/nmt/params.py",
     "src/nmt/recipes.py",
     "src/nmt/runs.py",
 ]
+
+
+rule config:
+    input:
+        "workflow/multi30k.sha256",
+        code=[
+            *SHARED_CODE,
+            "src/nmt/preflight.py",
+            "src/nmt/files.py",
+        ],
+    output:
+        "params/{recipe}.yaml",
+    params:
+        values=declared(params=["data", "tokenize", "vocab", "model", "train", "evaluate", "bench",
+                                "report", "pipeline", "recipes"]),
+    log:
+        "logs/config-{recipe}.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt config --recipe {wildcards.recipe} --out params/{wildcards.recipe}.yaml 2> {log}"
 
 
 rule download:
@@ -58,25 +80,6 @@ rule tokenize:
         "../envs/nmt.yaml"
     shell:
         "nmt tokenize --raw data/raw --out data/tokenized 2> {log}"
-
-
-rule config:
-    input:
-        code=[
-            *SHARED_CODE,
-            "src/nmt/files.py",
-        ],
-    output:
-        "params/{recipe}.yaml",
-    params:
-        values=declared(params=["data", "tokenize", "vocab", "model", "train", "evaluate", "bench",
-                                "report", "pipeline", "recipes"]),
-    log:
-        "logs/config-{recipe}.log",
-    conda:
-        "../envs/nmt.yaml"
-    shell:
-        "nmt config --recipe {wildcards.recipe} --out params/{wildcards.recipe}.yaml 2> {log}"
 
 
 rule vocab:

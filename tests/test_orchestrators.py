@@ -1,0 +1,276 @@
+"""Orchestrator faults (issue 22, items 3, 4, 5, 7): neither tool deletes an output for a job
+bound to fail, the second orchestrator started in a folder refuses, a params.yaml YAML error
+names its line under Snakemake, and Snakemake notices a file damaged inside a folder output.
+
+The slow tests share one tiny copy in which DVC trained one run (published, baseline, seed 0);
+each restores what it changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import edit_params
+from nmt import orchestrators, preflight
+from nmt.errors import NmtError
+from tiny import run, scratch_copy
+
+RUN = Path("results/published-baseline-s0")
+TRAINED = [RUN / f for f in ("best.pt", "last.pt", "train.json", "history.csv")]
+HOLD_DVC_LOCK = ("import sys, time; from dvc.repo import Repo\n"
+                 "with Repo(sys.argv[1]).lock:\n    print('held', flush=True); time.sleep(120)")
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "error" in line.lower()]
+
+
+def digests(root: Path, paths) -> dict:
+    return {p: hashlib.sha256((root / p).read_bytes()).hexdigest() for p in paths}
+
+
+def start(cmd: list[str], cwd: Path) -> subprocess.Popen:
+    from tiny import BIN
+
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(cwd / "src")}
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+# ---- item 5: a YAML syntax error in params.yaml, under Snakemake ----------------------------
+
+def test_snakemake_names_params_yaml_and_the_line_of_a_yaml_error(tmp_path, mirror):
+    root = scratch_copy(tmp_path)
+    text = (root / "params.yaml").read_text()
+    (root / "params.yaml").write_text(text.replace("epochs: 1\n", "epochs: [1\n", 1))
+    line = next(i for i, x in enumerate(text.splitlines(), 1) if x.strip() == "epochs: 1")
+    smk = run(["snakemake", "-n"], root, check=False)
+    nmt = run(["nmt", "download"], root, check=False)
+    want = "params.yaml: not valid YAML at line"
+    assert error_lines(smk) == [f"snakemake: error: {error_lines(nmt)[0].split(': ', 2)[2]}"]
+    assert want in smk and int(smk.split("at line ")[1].split()[0]) >= line, smk
+    assert "Snakefile" not in smk and "JSON" not in smk
+
+
+# ---- item 4: who holds the folder ------------------------------------------------------------
+
+def test_a_live_snakemake_marker_refuses_and_a_stale_one_does_not(tmp_path):
+    marker = tmp_path / orchestrators.MARKERS / "nmt-running.1"
+    marker.parent.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "snakemake"])
+    try:
+        for pid, refused in ((other.pid, True), (os.getpid(), False)):
+            marker.write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+            if refused:  # a live snakemake that did not start this process
+                with pytest.raises(NmtError, match=f"snakemake \\(pid {pid}\\) is running"):
+                    orchestrators.refuse_others(tmp_path, "nmt train")
+            else:  # this process is no snakemake: a reused pid blocks nothing
+                orchestrators.refuse_others(tmp_path, "nmt train")
+    finally:
+        other.kill()
+        other.wait()
+    marker.write_text(json.dumps({"pid": other.pid, "host": socket.gethostname()}))
+    orchestrators.refuse_others(tmp_path, "nmt train")  # the killed run's marker is stale
+
+
+def test_dvc_holding_its_lock_is_seen_and_released_lock_is_not(tmp_path):
+    from tiny import BIN
+
+    subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_DVC_LOCK, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert orchestrators.dvc_holder(tmp_path) == holder.pid
+        with pytest.raises(NmtError, match=f"dvc \\(pid {holder.pid}\\) is running"):
+            orchestrators.refuse_others(tmp_path, "snakemake")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert orchestrators.dvc_holder(tmp_path) is None  # the lock file stays; the flock is gone
+
+
+# ---- item 3, without a pipeline: the checks themselves ---------------------------------------
+
+def test_prechecks_name_the_key_and_the_fix(params_file):
+    from nmt.params import load_params
+
+    params = load_params(params_file)
+    preflight.check_devices(params)  # auto: the CPU here
+    tuned = params["recipes"]["tuned"]
+    tuned.setdefault("train", {})["devices"] = 2
+    preflight.check_devices(params | {"pipeline": {**params["pipeline"], "recipes": ["tuned"]}})
+    params["train"]["device"] = "cuda"
+    with pytest.raises(NmtError, match="params.yaml: train: train.device 'cuda' asked for, but "
+                                       "no CUDA GPUs are visible"):
+        preflight.check_devices(params)
+    params["data"]["testsets"] = ["test_2016_flickr", "test_2018_flickr"]
+    root = params_file.parent
+    (root / "workflow" / "multi30k.sha256").write_text("abc  train.de.gz\n")
+    with pytest.raises(NmtError, match="train.en.gz has no pinned sha256"):
+        preflight.check_settings(params, root)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root to run the check as another user")
+def test_an_unwritable_results_folder_is_named(tmp_path):
+    """As root every folder is writable, so the check runs as the user nobody."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        (root / "results" / "published-scratch-s0").mkdir(parents=True)
+        for folder in (root, root / "results"):
+            folder.chmod(0o777)
+        (root / "results" / "published-scratch-s0").chmod(0o555)
+        code = ("import sys; from pathlib import Path; from nmt.preflight import *\n"
+                "try:\n    check_settings({'data': {'testsets': []} | dict(source_lang='de', "
+                "target_lang='en')}, Path(sys.argv[1]))\n"
+                "except Exception as e:\n    print(e)")
+        (root / "workflow").mkdir(mode=0o755)
+        (root / "workflow" / "multi30k.sha256").write_text(
+            "".join(f"x  {s}.{lang}.gz\n" for s in ("train", "val") for lang in ("de", "en")))
+        src = Path(preflight.__file__).parents[1]
+        proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                               sys.executable, "-c", code, str(root)], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(src)})
+        assert f"{root}/results/published-scratch-s0: not writable" in proc.stdout, \
+            proc.stdout + proc.stderr
+    finally:
+        shutil.rmtree(root)
+
+
+# ---- the pipeline: one tiny copy, one run trained by DVC -------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, mirror) -> Path:
+    root = scratch_copy(tmp_path_factory.mktemp("faults"))
+    edit_params(root / "params.yaml", pipeline={"recipes": ["published"], "models": ["baseline"],
+                                                "seeds": [0]}, bench={"recipe": "published"})
+    run(["dvc", "repro", "train@published-baseline-0"], root, env={"OMP_NUM_THREADS": "1"})
+    return root
+
+
+@pytest.fixture
+def params_edit(trained):
+    """Edit the copy's params.yaml; the original comes back after the test."""
+    original = (trained / "params.yaml").read_text()
+
+    def edit(**sections):
+        edit_params(trained / "params.yaml", **sections)
+    yield edit
+    (trained / "params.yaml").write_text(original)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["dvc", "snakemake"])
+def test_a_job_bound_to_fail_deletes_nothing(trained, params_edit, tool):
+    """train.device: cuda without a GPU: one line before the trained model is deleted."""
+    before = digests(trained, TRAINED)
+    params_edit(train={"device": "cuda"})
+    cmd = (["dvc", "repro"] if tool == "dvc" else
+           ["snakemake", "--cores", "1", "--forcerun", "train", "--", str(TRAINED[0])])
+    out = run(cmd, trained, check=False)
+    errors = [e for e in error_lines(out) if not e.startswith("ERROR: failed to reproduce")]
+    assert len(errors) == 1 and "train.device 'cuda' asked for" in errors[0], out
+    assert "Running stage 'train" not in out
+    assert digests(trained, TRAINED) == before
+
+
+@pytest.mark.slow
+def test_after_reverting_dvc_does_not_retrain(trained, params_edit):
+    params_edit(train={"device": "cuda"})
+    run(["dvc", "repro"], trained, check=False)
+    (trained / "params.yaml").write_text(
+        (trained / "params.yaml").read_text().replace("device: cuda", "device: auto"))
+    out = run(["dvc", "repro", "train@published-baseline-0"], trained)
+    assert "Running stage 'train" not in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["dvc", "snakemake"])
+def test_an_unpinned_test_set_stops_before_the_raw_files_go(trained, params_edit, tool):
+    raw = sorted(p.relative_to(trained) for p in (trained / "data" / "raw").iterdir())
+    before = digests(trained, raw)
+    params_edit(data={"testsets": ["test_2016_flickr", "test_2017_flickr", "test_2018_flickr"]})
+    out = run(["dvc", "repro"] if tool == "dvc" else ["snakemake", "--cores", "1"], trained,
+              check=False)
+    errors = [e for e in error_lines(out) if not e.startswith("ERROR: failed to reproduce")]
+    assert len(errors) == 1 and "test_2018_flickr.de.gz has no pinned sha256" in errors[0], out
+    assert digests(trained, raw) == before
+
+
+@pytest.mark.slow
+def test_snakemake_refuses_while_dvc_runs(trained):
+    before = digests(trained, TRAINED)
+    holder = start([sys.executable, "-c", HOLD_DVC_LOCK, str(trained)], trained)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        out = run(["snakemake", "--cores", "1", "--forcerun", "train", "--", str(TRAINED[0])],
+                  trained, check=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert error_lines(out) == [f"snakemake: error: dvc (pid {holder.pid}) is running in this "
+                                "folder and snakemake would change files its stages read (fix: "
+                                "wait for it to finish, or stop it, then run again)"], out
+    assert digests(trained, TRAINED) == before
+
+
+@pytest.mark.slow
+def test_dvc_refuses_while_snakemake_runs(trained, params_edit):
+    """A real Snakemake run (re-running verify) holds the folder; `dvc repro` after a params
+    edit stops at its first stage, config, with one line; nothing of the run is deleted."""
+    before = digests(trained, TRAINED)
+    smk = start(["snakemake", "--cores", "1", "--forcerun", "verify", "--",
+                 "results/verify/published.json"], trained)
+    markers = trained / orchestrators.MARKERS
+    deadline = time.time() + 120
+    while not list(markers.glob("nmt-running.*")) and time.time() < deadline:
+        assert smk.poll() is None, smk.stdout.read()
+        time.sleep(0.05)
+    os.kill(smk.pid, signal.SIGSTOP)  # hold it here while DVC tries (its job goes on)
+    try:
+        params_edit(vocab={"min_freq": 2})
+        out = run(["dvc", "repro"], trained, check=False)
+    finally:
+        os.kill(smk.pid, signal.SIGCONT)
+        smk.wait(timeout=300)
+    errors = [e for e in error_lines(out) if not e.startswith("ERROR: failed to reproduce")]
+    assert errors == [f"nmt config: error: snakemake (pid {smk.pid}) is running in this folder "
+                      "and nmt config would change files its jobs read (fix: wait for it to "
+                      "finish, or stop it, then run again)"], out
+    assert "Running stage 'config@published'" in out and "Running stage 'vocab" not in out
+    assert digests(trained, TRAINED) == before and smk.returncode == 0
+    assert not list(markers.glob("nmt-running.*"))  # onsuccess removed it
+
+
+# ---- item 7: a file damaged inside a folder output -------------------------------------------
+
+@pytest.mark.slow
+def test_a_cut_tokenized_file_is_noticed_and_each_tool_recovers(trained):
+    tok = trained / "data" / "tokenized" / "train.de.tok"
+    lines = tok.read_text().splitlines(keepends=True)
+    tok.write_text("".join(lines[: len(lines) // 2]))  # in place: the folder's mtime stays
+    out = run(["snakemake", "-n"], trained, check=False)
+    assert error_lines(out) == [
+        f"snakemake: error: data/tokenized/train.de.tok: changed since its stage wrote it: it "
+        f"has {len(lines) // 2} lines, tokenize wrote {len(lines)} (fix: rm -r data/tokenized, "
+        "then run snakemake again; it re-creates the folder and what depends on it)"], out
+    assert "tokenize" in run(["dvc", "status", "tokenize"], trained)  # DVC hashes: it knows
+    shutil.rmtree(trained / "data" / "tokenized")  # Snakemake's recovery, as the line says
+    assert "rule tokenize:" in run(["snakemake", "-n"], trained)
+    run(["dvc", "checkout", "data/tokenized"], trained)  # DVC's: restore from its cache
+    assert tok.read_text() == "".join(lines)
+    assert "snakemake: error" not in run(["snakemake", "-n"], trained)  # intact again
