@@ -58,6 +58,7 @@ class TrainConfig:
     epochs: int
     batch_by: str  # sentences: batch_size sentences a batch; tokens: up to max_tokens a batch
     batch_size: int
+    bucket: bool  # sentences: similar lengths share a batch (little padding); tokens always do
     max_tokens: int
     lr: float  # the peak learning rate
     betas: tuple[float, float]  # Adam's
@@ -291,13 +292,14 @@ def setup(settings: dict, paths: Paths) -> Trainer:
 
 def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
                  seed: int) -> tuple[Batches, Batches]:
-    """The train split's batches (reshuffled every epoch) and the validation split's."""
+    """The train split's batches (reshuffled every epoch; bucketed by length with
+    train.bucket) and the validation split's (in file order, as validation always was)."""
     train_pairs, valid_pairs = (load_pairs(paths.tokenized, split, *codecs, max_len)
                                 for split in ("train", "val"))
     log.info("read %d train / %d valid pairs from %s, vocab %d/%d from %s", len(train_pairs),
              len(valid_pairs), paths.tokenized, len(codecs[0]), len(codecs[1]), paths.vocab)
     sizes = (config.batch_by, config.batch_size, config.max_tokens)
-    return (Batches(train_pairs, *sizes, shuffle=True, seed=seed),
+    return (Batches(train_pairs, *sizes, shuffle=True, seed=seed, bucket=config.bucket),
             Batches(valid_pairs, *sizes, shuffle=False))
 
 
