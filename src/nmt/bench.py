@@ -23,7 +23,7 @@ from nmt.data import Batches, load_pairs, padding_fraction
 from nmt.files import write_json
 from nmt.models import ModelConfig, build_model
 from nmt.models.mapping import baseline_to_scratch
-from nmt.runtime import autocast, pick_device, seed_everything, token_loss
+from nmt.runtime import autocast, bound_gpu_memory, pick_device, seed_everything, token_loss
 from nmt.search import DecodeConfig, translate_batches
 from nmt.vocab import PAD_ID, load_codecs
 
@@ -127,6 +127,7 @@ def bench(settings: dict, paths: Paths, budget: Budget) -> dict:
     """Stage bench: training and decoding speed of baseline and scratch on the same weights
     and data; prints a table, writes paths.json. settings: the resolved bench recipe."""
     device = pick_device(budget.device)
+    bound_gpu_memory(device)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     cfg = ModelConfig.from_dict(settings["model"])
     timed, test, padding = bench_data(settings, paths.tokenized, budget, (src_codec, tgt_codec),

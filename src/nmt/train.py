@@ -39,7 +39,7 @@ from nmt.errors import NmtError
 from nmt.files import write_json, write_text
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run, RunFiles
-from nmt.runtime import corpus_loss, seed_everything, token_loss
+from nmt.runtime import bound_gpu_memory, corpus_loss, seed_everything, token_loss
 from nmt.vocab import PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.train")
@@ -252,6 +252,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     """Read the data and vocabulary, build the seeded model, its optimizer and lr schedule."""
     config, run = TrainConfig.from_dict(settings["train"]), Run.parse(paths.run.folder.name)
     world, device = distributed.join(config.device, config.devices)
+    bound_gpu_memory(device)  # several runs on one GPU (nmt --gpu-mem-mb)
     if not world.main:  # one process reports progress
         logging.getLogger("nmt").setLevel(logging.WARNING)
     seed_everything(run.seed)  # the same initial weights on every rank
