@@ -2,13 +2,14 @@
 
 import gzip
 import json
+import random
 import shutil
 
 import pytest
 import sacrebleu
 
 from conftest import REPO
-from nmt.data import Batches, load_pairs
+from nmt.data import Batches, load_pairs, padding_fraction, sentence_batches, token_batches
 from nmt.download import SUMS, download, read_sums, sha256
 from nmt.download import Paths as DownloadPaths
 from nmt.errors import NmtError
@@ -134,12 +135,14 @@ def test_bpe_vocab_is_joint_and_lossless(prepared):
     assert src.decode(src.encode(line)) == line
 
 
-@pytest.mark.parametrize("batch_by", ["sentences", "tokens"])
-def test_batches_cover_every_pair_once(prepared, batch_by):
+@pytest.mark.parametrize(("batch_by", "bucket"), [("sentences", False), ("sentences", True),
+                                                 ("tokens", False)])
+def test_batches_cover_every_pair_once(prepared, batch_by, bucket):
     src, tgt = load_codecs(prepared["word"])
     pairs = load_pairs(prepared["tokenized"], "train", src, tgt, max_len=256)
     assert pairs[0][0][0] == BOS_ID and pairs[0][1][-1] == EOS_ID
-    batches = Batches(pairs, batch_by, batch_size=32, max_tokens=600, shuffle=True, seed=1)
+    batches = Batches(pairs, batch_by, batch_size=32, max_tokens=600, shuffle=True, seed=1,
+                      bucket=bucket)
     first = [(s.clone(), t.clone()) for s, t in batches]
     second = [(s.clone(), t.clone()) for s, t in batches]
     seen = sum(s.shape[0] for s, _ in first)
@@ -150,3 +153,39 @@ def test_batches_cover_every_pair_once(prepared, batch_by):
     if batch_by == "tokens":
         assert all(max(s.shape[1], t.shape[1]) * s.shape[0] <= 600 for s, t in first)
         assert real / padded > 0.9  # length bucketing leaves little padding
+
+
+def test_bucketed_sentence_batches_pad_little_and_reshuffle_by_seed_and_epoch(prepared):
+    """train.bucket: still batch_size sentences a batch (one short last batch), far less padding
+    than random batches, another order every epoch, the same order again from (seed, epoch)."""
+    pairs = load_pairs(prepared["tokenized"], "train", *load_codecs(prepared["word"]), 256)
+
+    def batches(bucket, seed=1):
+        return Batches(pairs, "sentences", 32, 600, shuffle=True, seed=seed, bucket=bucket)
+
+    bucketed, rand = batches(True), batches(False)
+    sizes = sorted(len(idx) for idx in bucketed.indices(0))
+    assert sizes[1:] == [32] * (len(pairs) // 32) and sizes[0] == len(pairs) % 32
+    assert sorted(i for idx in bucketed.indices(0) for i in idx) == list(range(len(pairs)))
+    random_padding = padding_fraction(pairs, rand.indices(0))
+    assert padding_fraction(pairs, bucketed.indices(0)) < random_padding / 3
+    # Reshuffled each epoch: another order, and other sentences meet in a batch.
+    first, second = ({tuple(idx) for idx in bucketed.indices(e)} for e in (0, 1))
+    assert bucketed.indices(0) != bucketed.indices(1) and first != second
+    assert batches(True).indices(1) == bucketed.indices(1) != batches(True, seed=2).indices(1)
+
+
+def test_bucket_changes_neither_random_sentence_nor_token_batches(prepared):
+    """bucket: false is the published reference's random order, and token batches ignore it."""
+    pairs = load_pairs(prepared["tokenized"], "train", *load_codecs(prepared["word"]), 256)
+    for epoch in (0, 1):
+        rand = Batches(pairs, "sentences", 32, 600, True, 1, bucket=False)
+        assert rand.indices(epoch) == sentence_batches(len(pairs), 32, random.Random(1 + epoch))
+        tokens = Batches(pairs, "tokens", 32, 600, True, 1, bucket=True)
+        assert tokens.indices(epoch) == token_batches(pairs, 600, random.Random(1 + epoch))
+
+
+def test_padding_fraction_counts_source_and_target_positions():
+    pairs = [([1, 2, 3], [1, 2]), ([1], [1, 2, 3, 4]), ([1, 2], [1, 2])]
+    # batch [0, 1]: source 2 x 3 positions, 4 real; target 2 x 4, 6 real; batch [2]: none padded
+    assert padding_fraction(pairs, [[0, 1], [2]]) == pytest.approx(1 - (4 + 6 + 4) / (6 + 8 + 4))

@@ -131,7 +131,8 @@ def fake_tree(root: Path, mirror: Path, recipes, models, seeds, testsets) -> tup
         **{k: {"baseline": 100.0, "scratch": 95.0, "ratio": 0.95}
            for k in ("train", "greedy", "beam")},
         "peak_memory_mib": {"baseline": 4000, "scratch": 4200},
-        "mfu": {"baseline": 0.31, "scratch": 0.29}})
+        "mfu": {"baseline": 0.31, "scratch": 0.29},
+        "padding": {"random": 0.4271, "bucketed": 0.0612}})
     return params, paths
 
 
@@ -238,6 +239,7 @@ def test_sections_and_setup_follow_params(full):
         assert section in text, section
     assert f"| {T17} | 1,000 |" in text and "| val | 1,000 |" in text
     assert "MFU" in text or "FLOPs utilisation" in text
+    assert "training batches: random 42.7%, bucketed 6.1%." in text  # bench.json's padding
 
 
 def test_one_test_set_two_models(tmp_path, mirror):

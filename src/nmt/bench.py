@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from nmt.data import Batches, load_pairs
+from nmt.data import Batches, load_pairs, padding_fraction
 from nmt.files import write_json
 from nmt.models import ModelConfig, build_model
 from nmt.models.mapping import baseline_to_scratch
-from nmt.runtime import autocast, pick_device, seed_everything, token_loss
+from nmt.runtime import autocast, bound_gpu_memory, pick_device, seed_everything, token_loss
 from nmt.search import DecodeConfig, translate_batches
 from nmt.vocab import PAD_ID, load_codecs
 
@@ -127,16 +127,18 @@ def bench(settings: dict, paths: Paths, budget: Budget) -> dict:
     """Stage bench: training and decoding speed of baseline and scratch on the same weights
     and data; prints a table, writes paths.json. settings: the resolved bench recipe."""
     device = pick_device(budget.device)
+    bound_gpu_memory(device)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     cfg = ModelConfig.from_dict(settings["model"])
-    timed, test = bench_data(settings, paths.tokenized, budget, (src_codec, tgt_codec), device)
+    timed, test, padding = bench_data(settings, paths.tokenized, budget, (src_codec, tgt_codec),
+                                      device)
     testset = settings["evaluate"]["testsets"][0]
     log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
              device, len(timed), len(test), budget.repeats)
     models = twin_models(cfg, len(src_codec), len(tgt_codec), device)
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "recipe": budget.recipe, "testset": testset, "steps": len(timed),
-           "sentences": len(test)}
+           "sentences": len(test), "padding": padding}
     # Decoding first, from the shared untrained weights: every sentence runs to its limit.
     for method in ("greedy", "beam"):
         dc = DecodeConfig.from_params(settings["evaluate"], method, cfg.max_len - 1)
@@ -153,15 +155,28 @@ def bench(settings: dict, paths: Paths, budget: Budget) -> dict:
 
 
 def bench_data(settings: dict, tokenized: Path, budget: Budget, codecs: tuple, device):
-    """(the timed training batches on device, the test sentences to decode)."""
+    """(the timed training batches on device, the test sentences to decode, the padding of the
+    recipe's training batches: padding_shares)."""
     train, max_len = settings["train"], settings["model"]["max_len"]
     train_pairs = load_pairs(tokenized, "train", *codecs, max_len)
     batches = Batches(train_pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
-                      shuffle=True, seed=0)
+                      shuffle=True, seed=0, bucket=train["bucket"])
     timed = [(src.to(device), tgt.to(device)) for src, tgt in islice(batches, budget.steps)]
     testset = settings["evaluate"]["testsets"][0]  # the attention example and samples use it
     test = load_pairs(tokenized, testset, *codecs, max_len)[: budget.sentences]
-    return timed, test
+    return timed, test, padding_shares(train_pairs, train)
+
+
+def padding_shares(pairs: list, train: dict) -> dict:
+    """The padded share of source and target positions over one epoch of training batches
+    (seed 0): for sentence batches random and bucketed alike (train.bucket picks one), so the
+    report shows what bucketing saves; for token batches (always bucketed) theirs."""
+    if train["batch_by"] == "tokens":
+        return {"tokens": round(padding_fraction(pairs, Batches(
+            pairs, "tokens", train["batch_size"], train["max_tokens"], True).indices()), 4)}
+    return {kind: round(padding_fraction(pairs, Batches(
+        pairs, "sentences", train["batch_size"], 0, True, bucket=bucket).indices()), 4)
+        for kind, bucket in (("random", False), ("bucketed", True))}
 
 
 def twin_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, device) -> dict:
@@ -197,6 +212,8 @@ def print_table(out: dict) -> None:
                        ("beam", "beam sentences/s")):
         v = out[key]
         print(f"{label:26}{v['baseline']:>12,.1f}{v['scratch']:>12,.1f}{v['ratio']:>18.2f}")
+    print("padding (an epoch's batches): " + ", ".join(
+        f"{kind} {share:.1%}" for kind, share in out["padding"].items()))
     for key, label in (("peak_memory_mib", "peak memory MiB"), ("mfu", "MFU (bf16 peak)")):
         if out[key]:
             v = out[key]

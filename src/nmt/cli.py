@@ -181,7 +181,7 @@ def shared_options() -> dict[str, argparse.ArgumentParser]:
     def group():
         return argparse.ArgumentParser(add_help=False)
 
-    recipe, data, results, run, threads = group(), group(), group(), group(), group()
+    recipe, data, results, run, threads, gpu = (group() for _ in range(6))
     recipe.add_argument("--recipe", default="published", help="a recipe of params.yaml")
     data.add_argument("--tokenized", type=Path, default=TOKENIZED)
     data.add_argument("--vocab", type=Path, default=None,
@@ -192,7 +192,12 @@ def shared_options() -> dict[str, argparse.ArgumentParser]:
     threads.add_argument("--threads", type=int, default=None,
                          help="torch threads, at most the machine's cores (default: "
                               "OMP_NUM_THREADS, else torch's own)")
-    return {"recipe": recipe, "data": data, "results": results, "run": run, "threads": threads}
+    gpu.add_argument("--gpu-mem-mb", type=int, default=0, metavar="MB",
+                     help="bound this process's CUDA memory at MB megabytes, so that jobs "
+                          "sharing one GPU cannot starve one another (default 0: "
+                          "NMT_GPU_MEM_MB if set, else no bound)")
+    return {"recipe": recipe, "data": data, "results": results, "run": run, "threads": threads,
+            "gpu": gpu}
 
 
 def add_data_stages(stage, opt: dict) -> None:
@@ -226,7 +231,7 @@ def add_model_stages(stage, opt: dict) -> None:
               "results/verify/<recipe>.json; exit 1 if a check fails.",
               opt["recipe"], opt["data"], opt["threads"])
     s.add_argument("--out", type=Path, default=None, help="default: results/verify/<recipe>.json")
-    run = (opt["recipe"], opt["data"], opt["results"], opt["run"], opt["threads"])
+    run = (opt["recipe"], opt["data"], opt["results"], opt["run"], opt["threads"], opt["gpu"])
     s = stage("train", cmd_train,
               "Read data/tokenized and data/vocab/<recipe>, train one model and write "
               "results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv, train.json "
@@ -242,7 +247,7 @@ def add_model_stages(stage, opt: dict) -> None:
     s = stage("bench", cmd_bench,
               "Train both models for a fixed number of steps on the same real batches, then "
               "decode the same sentences greedily and with beam search; print a speed table.",
-              opt["data"], opt["threads"])
+              opt["data"], opt["threads"], opt["gpu"])
     s.add_argument("--recipe", default=None, help="default: bench.recipe from params")
     s.add_argument("--device", default="auto")
     # Defaults come from params.yaml's bench: section.
@@ -295,6 +300,19 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(max(1, min(wanted, os.cpu_count() or 1)))
 
 
+def bound_gpu_memory(megabytes: int) -> None:
+    """--gpu-mem-mb N becomes NMT_GPU_MEM_MB, which the stage applies to its device
+    (nmt.runtime.bound_gpu_memory) and the processes torchrun starts inherit. A bound, like
+    the thread count, changes no result: a command-line value, not a param, so changing it
+    re-runs nothing (Snakemake passes its gpu_mem_mb resource; DVC users set the variable)."""
+    from nmt.runtime import GPU_MEMORY_ENV
+
+    if megabytes < 0:
+        raise NmtError(f"--gpu-mem-mb {megabytes} is negative (fix: a number of megabytes, "
+                       "or 0 for no bound)")
+    os.environ[GPU_MEMORY_ENV] = str(megabytes)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
@@ -312,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             params = start_tracking(params, reads)
         if hasattr(args, "threads"):  # the torch stages
             set_threads(args.threads)
+        if getattr(args, "gpu_mem_mb", 0):  # train, evaluate, bench
+            bound_gpu_memory(args.gpu_mem_mb)
         return args.func(args, params) or 0
     except NmtError as e:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """Token-id datasets and batches: <bos>/<eos> added, <pad> padded, seeded shuffling.
 
 Two ways to batch, chosen by train.batch_by:
-- sentences: a fixed number of sentences a batch (the published setting);
+- sentences: a fixed number of sentences a batch (the published setting); with train.bucket,
+  sentences of similar length share a batch (little padding), else they are drawn at random;
 - tokens: length-bucketed batches of up to max_tokens padded tokens (far less padding).
 """
 
@@ -59,6 +60,41 @@ def sentence_batches(n: int, batch_size: int, rng: random.Random | None) -> list
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
+# Sentences sorted by length together: a pool of this many batches. Large enough that a batch
+# pads little, small enough that which sentences meet in a batch still changes every epoch.
+BUCKET_POOL = 100
+
+
+def bucketed_sentence_batches(pairs: list[Pair], batch_size: int,
+                              rng: random.Random | None) -> list[list[int]]:
+    """Index lists of batch_size sentences of similar length: the shuffled sentences are cut
+    into pools of BUCKET_POOL batches, each pool sorted by (source, target) length and cut
+    into batches, then the batches of all pools shuffled. Without rng: sorted, unshuffled."""
+    order = list(range(len(pairs)))
+    if rng is not None:
+        rng.shuffle(order)
+    pool = BUCKET_POOL * batch_size if rng is not None else len(order)
+    batches = []
+    for first in range(0, len(order), pool):
+        members = sorted(order[first : first + pool],
+                         key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
+        batches += [members[i : i + batch_size] for i in range(0, len(members), batch_size)]
+    if rng is not None:
+        rng.shuffle(batches)
+    return batches
+
+
+def padding_fraction(pairs: list[Pair], batches: list[list[int]]) -> float:
+    """Padded positions / all positions of the source and target tensors of these batches."""
+    real = padded = 0
+    for idx in batches:
+        for side in (0, 1):
+            lengths = [len(pairs[i][side]) for i in idx]
+            real += sum(lengths)
+            padded += len(lengths) * max(lengths)
+    return 1 - real / padded
+
+
 def token_batches(pairs: list[Pair], max_tokens: int, rng: random.Random | None) -> list[list[int]]:
     """Index lists grouped by length so each batch holds at most max_tokens padded tokens."""
     keys = [(max(len(s), len(t)), rng.random() if rng else 0.0, i) for i, (s, t) in
@@ -82,8 +118,8 @@ class Batches:
     """An epoch's worth of (src, tgt) LongTensor batches; reshuffled with seed + epoch."""
 
     def __init__(self, pairs: list[Pair], batch_by: str, batch_size: int, max_tokens: int,
-                 shuffle: bool, seed: int = 0):
-        self.pairs, self.batch_by = pairs, batch_by
+                 shuffle: bool, seed: int = 0, bucket: bool = False):
+        self.pairs, self.batch_by, self.bucket = pairs, batch_by, bucket  # bucket: sentences only
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self._order = None  # (epoch, batches) of the epoch last built
@@ -98,6 +134,8 @@ class Batches:
             rng = random.Random(self.seed + epoch) if self.shuffle else None
             if self.batch_by == "tokens":
                 order = token_batches(self.pairs, self.max_tokens, rng)
+            elif self.bucket:
+                order = bucketed_sentence_batches(self.pairs, self.batch_size, rng)
             else:
                 order = sentence_batches(len(self.pairs), self.batch_size, rng)
             self._order = (epoch, order)

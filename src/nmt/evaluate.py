@@ -20,7 +20,7 @@ from nmt.data import Batches, load_pairs
 from nmt.errors import NmtError
 from nmt.files import atomic_dir, write_json
 from nmt.runs import Run, RunFiles
-from nmt.runtime import pick_device, token_loss
+from nmt.runtime import bound_gpu_memory, pick_device, token_loss
 from nmt.search import DecodeConfig, translate_batches
 from nmt.text import read_lines
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, load_codecs
@@ -107,6 +107,7 @@ def evaluate(settings: dict, paths: Paths) -> dict:
     settings: the resolved recipe (evaluate, data.target_lang, train.device)."""
     run, files = Run.parse(paths.run.folder.name), paths.run
     device = pick_device(settings["train"]["device"])
+    bound_gpu_memory(device)
     model, ckpt = load(files.best, device, expect=run)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)

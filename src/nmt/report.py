@@ -404,6 +404,10 @@ def bench_lines(inp: Inputs) -> list[str]:
             for k, label in units.items()]
     lines = [f"### Speed benchmark (`nmt bench`, {bench['device']}, recipe {bench['recipe']})",
              "", md_table(pd.DataFrame(rows), ".2f"), ""]
+    if bench.get("padding"):  # random and bucketed sentence batches, or token batches
+        lines += ["Padding, the padded share of the source and target positions of an epoch's "
+                  "training batches: " + ", ".join(
+                      f"{kind} {share:.1%}" for kind, share in bench["padding"].items()) + ".", ""]
     if bench.get("mfu"):
         lines += ["Model FLOPs utilisation in training (of the bf16 peak): " + ", ".join(
             f"{m} {v:.1%}" for m, v in bench["mfu"].items()) + ".", ""]

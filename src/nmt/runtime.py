@@ -1,8 +1,10 @@
-"""What training, evaluation and the benchmark share: device choice, seeding, bf16 autocast
-and the token-level loss under teacher forcing."""
+"""What training, evaluation and the benchmark share: device choice, a bound on CUDA memory,
+seeding, bf16 autocast and the token-level loss under teacher forcing."""
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 
 import torch
@@ -10,6 +12,12 @@ import torch.nn.functional as F
 
 from nmt.errors import NmtError
 from nmt.vocab import PAD_ID
+
+log = logging.getLogger("nmt.runtime")
+
+# Megabytes (10^6 bytes, as Snakemake's mem_mb) of CUDA memory this process may take; `nmt
+# train|evaluate|bench --gpu-mem-mb` sets it, and torchrun's processes inherit it.
+GPU_MEMORY_ENV = "NMT_GPU_MEM_MB"
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -19,6 +27,33 @@ def pick_device(name: str = "auto") -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise NmtError(f"device {name!r} asked for, but no CUDA GPU is visible (fix: device: auto)")
     return torch.device(name)
+
+
+def gpu_memory_bound() -> int:
+    """NMT_GPU_MEM_MB as a number of megabytes; 0 when unset (no bound)."""
+    value = os.environ.get(GPU_MEMORY_ENV, "").strip() or "0"
+    if not value.isdigit():
+        raise NmtError(f"{GPU_MEMORY_ENV}={value!r} is not a whole number of megabytes (fix: "
+                       f"e.g. {GPU_MEMORY_ENV}=9000, or 0 for no bound)")
+    return int(value)
+
+
+def bound_gpu_memory(device: torch.device) -> None:
+    """Cap this process's CUDA memory on `device` at NMT_GPU_MEM_MB megabytes, so that several
+    jobs sharing one GPU cannot starve one another: one that needs more fails with CUDA out of
+    memory instead of taking the others' share. A cap changes no result, so it is no param
+    (changing it re-runs nothing). Unset or 0: no cap; on the CPU nothing to cap (one line)."""
+    megabytes = gpu_memory_bound()
+    if not megabytes:
+        return
+    if device.type != "cuda":
+        log.info("%s=%d: no CUDA memory to bound on %s", GPU_MEMORY_ENV, megabytes, device)
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, megabytes * 1e6 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    log.info("CUDA memory bounded at %d MB, %.1f%% of %s's %d MB", megabytes, 100 * fraction,
+             device, total // 10**6)
 
 
 def seed_everything(seed: int) -> None:

@@ -37,6 +37,9 @@ class Stage:
     plots: list = field(default_factory=list)
     threads: int = 1
     gpu: int | str = 0  # GPUs a job holds: a number, or a key of its recipe (train.devices)
+    # CUDA memory a job may take, MB ({gpu_mem_mb} in cmd); 0: unbounded, or NMT_GPU_MEM_MB.
+    # Snakemake: the rule's resource, which a profile sets (workflow/profiles/gpu).
+    gpu_mem_mb: int | None = None
     cache: bool = True
     report: dict = field(default_factory=dict)  # output -> Snakemake --report category
     shared_code: list = field(default_factory=list)  # the part of code every stage runs
@@ -83,6 +86,8 @@ def dvc_stage(s: Stage) -> dict:
     if s.per:
         out["matrix"] = {d: f"${{pipeline.{d}s}}" for d in s.per}
     out["cmd"] = dvc_text(s.cmd).replace("{threads}", str(s.threads))
+    if s.gpu_mem_mb is not None:  # DVC has no resources: the declared bound (the variable)
+        out["cmd"] = out["cmd"].replace("{gpu_mem_mb}", str(s.gpu_mem_mb))
     out["deps"] = s.code_paths() + [dvc_text(d) for d in s.deps]
     params = [{"params.yaml": None} if k == "params.yaml" else k for k in s.params]
     if s.recipe_params:
@@ -225,10 +230,13 @@ def shell_command(stage: Stage) -> str:
             return f"{{wildcards.{n}}}"
         if n == "bench":
             return "{params.bench}"
+        if n == "gpu_mem_mb" and stage.gpu_mem_mb is not None:
+            return "{resources.gpu_mem_mb}"
         if n in SNAKEMAKE_NAMES:
             return m.group(0)
         raise ValueError(f"stage {stage.name}: {m.group(0)} in its cmd is none of its "
-                         f"wildcards {stage.per}, {{bench}} or {sorted(SNAKEMAKE_NAMES)}")
+                         f"wildcards {stage.per}, {{bench}}, a declared {{gpu_mem_mb}} or "
+                         f"{sorted(SNAKEMAKE_NAMES)}")
     return PLACEHOLDER.sub(name, stage.cmd) + " 2> {log}"
 
 
@@ -295,6 +303,9 @@ def smk_rule(stage: Stage, stages: dict) -> str:
                              "does not run per recipe")
         gpu = stage.gpu if isinstance(stage.gpu, int) else f"from_recipe({quote(stage.gpu)})"
         lines += ["    resources:", f"        gpu={gpu},"]
+    if stage.gpu_mem_mb is not None:
+        lines += [] if stage.gpu else ["    resources:"]
+        lines.append(f"        gpu_mem_mb={stage.gpu_mem_mb},")
     lines += ["    log:", f"        {quote(log_path(stage))},", "    conda:",
               f"        {quote(CONDA_ENV)}", "    shell:"] + shell_lines(shell_command(stage))
     return "\n".join(lines) + "\n"

@@ -39,7 +39,7 @@ from nmt.errors import NmtError
 from nmt.files import write_json, write_text
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run, RunFiles
-from nmt.runtime import corpus_loss, seed_everything, token_loss
+from nmt.runtime import bound_gpu_memory, corpus_loss, seed_everything, token_loss
 from nmt.vocab import PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.train")
@@ -58,6 +58,7 @@ class TrainConfig:
     epochs: int
     batch_by: str  # sentences: batch_size sentences a batch; tokens: up to max_tokens a batch
     batch_size: int
+    bucket: bool  # sentences: similar lengths share a batch (little padding); tokens always do
     max_tokens: int
     lr: float  # the peak learning rate
     betas: tuple[float, float]  # Adam's
@@ -251,6 +252,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     """Read the data and vocabulary, build the seeded model, its optimizer and lr schedule."""
     config, run = TrainConfig.from_dict(settings["train"]), Run.parse(paths.run.folder.name)
     world, device = distributed.join(config.device, config.devices)
+    bound_gpu_memory(device)  # several runs on one GPU (nmt --gpu-mem-mb)
     if not world.main:  # one process reports progress
         logging.getLogger("nmt").setLevel(logging.WARNING)
     seed_everything(run.seed)  # the same initial weights on every rank
@@ -291,13 +293,14 @@ def setup(settings: dict, paths: Paths) -> Trainer:
 
 def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
                  seed: int) -> tuple[Batches, Batches]:
-    """The train split's batches (reshuffled every epoch) and the validation split's."""
+    """The train split's batches (reshuffled every epoch; bucketed by length with
+    train.bucket) and the validation split's (in file order, as validation always was)."""
     train_pairs, valid_pairs = (load_pairs(paths.tokenized, split, *codecs, max_len)
                                 for split in ("train", "val"))
     log.info("read %d train / %d valid pairs from %s, vocab %d/%d from %s", len(train_pairs),
              len(valid_pairs), paths.tokenized, len(codecs[0]), len(codecs[1]), paths.vocab)
     sizes = (config.batch_by, config.batch_size, config.max_tokens)
-    return (Batches(train_pairs, *sizes, shuffle=True, seed=seed),
+    return (Batches(train_pairs, *sizes, shuffle=True, seed=seed, bucket=config.bucket),
             Batches(valid_pairs, *sizes, shuffle=False))
 
 

@@ -162,6 +162,7 @@ rule train:
     threads: 8
     resources:
         gpu=from_recipe("train.devices"),
+        gpu_mem_mb=0,
     log:
         "logs/train-{recipe}-{model}-{seed}.log",
     conda:
@@ -169,7 +170,7 @@ rule train:
     shell:
         "nmt train --recipe {wildcards.recipe} --model {wildcards.model} --seed {wildcards.seed}"
         " --tokenized data/tokenized --vocab data/vocab/{wildcards.recipe} --results results"
-        " --threads {threads} 2> {log}"
+        " --threads {threads} --gpu-mem-mb {resources.gpu_mem_mb} 2> {log}"
 
 
 rule evaluate:
@@ -199,6 +200,7 @@ rule evaluate:
     threads: 8
     resources:
         gpu=1,
+        gpu_mem_mb=0,
     log:
         "logs/evaluate-{recipe}-{model}-{seed}.log",
     conda:
@@ -206,7 +208,7 @@ rule evaluate:
     shell:
         "nmt evaluate --recipe {wildcards.recipe} --model {wildcards.model}"
         " --seed {wildcards.seed} --tokenized data/tokenized --vocab data/vocab/{wildcards.recipe}"
-        " --results results --threads {threads} 2> {log}"
+        " --results results --threads {threads} --gpu-mem-mb {resources.gpu_mem_mb} 2> {log}"
 
 
 rule bench:
@@ -232,13 +234,15 @@ rule bench:
     threads: 8
     resources:
         gpu=1,
+        gpu_mem_mb=0,
     log:
         "logs/bench.log",
     conda:
         "../envs/nmt.yaml"
     shell:
         "nmt bench --recipe {params.bench} --tokenized data/tokenized"
-        " --vocab data/vocab/{params.bench} --json results/bench.json --threads {threads} 2> {log}"
+        " --vocab data/vocab/{params.bench} --json results/bench.json --threads {threads}"
+        " --gpu-mem-mb {resources.gpu_mem_mb} 2> {log}"
 
 
 rule report:

@@ -1,0 +1,92 @@
+"""workflow/profiles/gpu: many trainings at once on one large GPU, each one's CUDA memory
+bounded (--gpu-mem-mb from the rule's gpu_mem_mb resource), under Snakemake itself."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+import torch
+import yaml
+
+from conftest import REPO, edit_params
+from nmt import stages
+from nmt.cli import main
+from nmt.errors import NmtError
+from nmt.runtime import GPU_MEMORY_ENV, bound_gpu_memory
+from tiny import run, scratch_copy
+
+PROFILE = ["--workflow-profile", "workflow/profiles/gpu"]
+
+
+def most_trainings_at_once(output: str) -> int:
+    """From Snakemake's own output: the most train jobs started and not yet finished."""
+    running, most, rule = set(), 0, None
+    for line in output.splitlines():
+        if m := re.match(r"^(?:local)?rule (\w+):$", line):
+            rule = m.group(1)
+        elif (m := re.match(r"^\s+jobid: (\d+)$", line)) and rule == "train":
+            running.add(m.group(1))
+            most = max(most, len(running))
+        elif m := re.match(r"^Finished jobid: (\d+)", line):
+            running.discard(m.group(1))
+    return most
+
+
+def test_the_gpu_profile_plans_the_whole_comparison(tmp_path):
+    """A dry run lists every job; trainings get 2 threads and a 9,000 MB bound, bench the
+    whole GPU (so it is timed alone)."""
+    out = run(["snakemake", "-n", *PROFILE], scratch_copy(tmp_path))
+    counts = dict(re.findall(r"^(train|evaluate|bench)\s+(\d+)$", out, re.MULTILINE))
+    assert counts == {"train": "12", "evaluate": "12", "bench": "1"}  # 2 recipes x 3 x 2 seeds
+    trainings = re.findall(r"^Shell command: nmt train .*$", out, re.MULTILINE)
+    assert len(trainings) == 12
+    assert all("--threads 2 --gpu-mem-mb 9000 " in cmd for cmd in trainings)
+    assert re.search(r"resources: .*gpu=8, gpu_mem_mb=76000", out)  # bench
+
+
+@pytest.mark.slow
+def test_the_gpu_profile_runs_trainings_at_once(tmp_path, mirror):
+    """Four tiny trainings (CPU, 1 thread each) run at the same time under the profile, each
+    told its memory bound (a no-op on the CPU that says so)."""
+    root = scratch_copy(tmp_path)
+    edit_params(root / "params.yaml", pipeline={"recipes": ["published"],
+                                                "models": ["baseline", "scratch"], "seeds": [0, 1]})
+    targets = [f"results/published-{m}-s{s}/best.pt" for m in ("baseline", "scratch")
+               for s in (0, 1)]
+    out = run(["snakemake", *targets, *PROFILE, "--set-threads", "train=1", "verify=1"], root)
+    assert most_trainings_at_once(out) == 4, out[-3000:]
+    for log in (root / "logs").glob("train-*.log"):
+        assert "NMT_GPU_MEM_MB=9000: no CUDA memory to bound on cpu" in log.read_text()
+
+
+def test_the_memory_bound_is_a_resource_for_snakemake_and_a_number_for_dvc():
+    """The declared gpu_mem_mb: Snakemake's rule passes its resource (a profile raises it),
+    DVC's command the declared 0 (NMT_GPU_MEM_MB then decides)."""
+    declared = stages.load(REPO / stages.DECLARATION)["train"]
+    assert declared.gpu_mem_mb == 0 and "--gpu-mem-mb {gpu_mem_mb}" in declared.cmd
+    dvc = yaml.safe_load(stages.render_dvc(REPO / stages.DECLARATION))["stages"]["train"]
+    assert dvc["cmd"].endswith("--threads 8 --gpu-mem-mb 0")
+    rule = stages.smk_rule(declared, stages.load(REPO / stages.DECLARATION))
+    assert "        gpu_mem_mb=0," in rule and "--gpu-mem-mb {resources.gpu_mem_mb}" in rule
+
+
+def test_the_memory_bound_comes_from_the_command_line_or_the_environment(monkeypatch, caplog):
+    monkeypatch.delenv(GPU_MEMORY_ENV, raising=False)
+    with caplog.at_level(logging.INFO, logger="nmt.runtime"):
+        bound_gpu_memory(torch.device("cpu"))  # unset: nothing to say
+        assert not caplog.records
+        monkeypatch.setenv(GPU_MEMORY_ENV, "9000")
+        bound_gpu_memory(torch.device("cpu"))
+    assert caplog.messages == [f"{GPU_MEMORY_ENV}=9000: no CUDA memory to bound on cpu"]
+    monkeypatch.setenv(GPU_MEMORY_ENV, "9 GB")
+    with pytest.raises(NmtError, match="not a whole number of megabytes"):
+        bound_gpu_memory(torch.device("cpu"))
+
+
+def test_a_negative_memory_bound_stops_with_one_line(capsys):
+    assert main(["train", "--model", "scratch", "--gpu-mem-mb", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("nmt train: error: --gpu-mem-mb -1 is negative (fix: a number of megabytes, "
+                   "or 0 for no bound)")
