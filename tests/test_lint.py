@@ -25,8 +25,8 @@ def test_snakemake_lint_is_clean():
 def test_slurm_profile_plans_the_whole_pipeline():
     """The cluster profile loads with the pinned SLURM executor plugin (a dry run submits
     nothing) and plans every stage."""
-    proc = subprocess.run([BIN / "snakemake", "--profile", "workflow/profiles/slurm", "-n"],
-                          cwd=REPO, capture_output=True, text=True)
+    slurm = ["--workflow-profile", "workflow/profiles/slurm", "-n"]
+    proc = subprocess.run([BIN / "snakemake", *slurm], cwd=REPO, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "executor: slurm" in out or "slurm" in out.lower()
