@@ -36,10 +36,10 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 # The data stages ran where spaCy and the network are: mark their carried outputs up to date
 # (file times do not survive the trip), so Snakemake starts at verify.
 vocabs=(data/vocab/*/)
-snakemake --profile workflow/profiles/gpu --touch --quiet "${vocabs[@]%/}"
+snakemake --workflow-profile workflow/profiles/gpu --touch --quiet "${vocabs[@]%/}"
 
 status=0
-timeout -s INT -k 60 "${minutes}m" snakemake --profile workflow/profiles/gpu "$@" || status=$?
+timeout -s INT -k 60 "${minutes}m" snakemake --workflow-profile workflow/profiles/gpu "$@" || status=$?
 if [ "$status" = 0 ]; then
     dvc commit -f -q && echo "dvc.lock: every stage recorded"
 else
