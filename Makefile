@@ -10,7 +10,7 @@ ifneq ($(wildcard $(MIRROR)/SHA256SUMS),)
 export MULTI30K_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: setup test reproduce demo smoke lint lock clean
+.PHONY: setup test reproduce demo smoke lint lock clean gpu-bundle
 
 setup: $(VENV)/.installed  ## create .venv with the pinned dependencies (torch==2.13.0 included)
 
@@ -42,6 +42,11 @@ lint: setup  ## ruff and snakemake --lint
 
 lock: setup  ## rewrite constraints.txt from the installed environment
 	{ head -2 constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v -iE '^(torch|nmt)=='; } > constraints.tmp && mv constraints.tmp constraints.txt
+
+# A GPU machine without network or the tools (PyTorch only): build the data here and fetch
+# the wheels it lacks, then carry data/, params/ and .whl/ there and run tools/gpu/run.sh.
+gpu-bundle: setup  ## data stages + wheels for a GPU machine that has PyTorch but no network
+	bash tools/gpu/bundle.sh
 
 clean:  ## remove the environment and local caches (not data/ or results/)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .snakemake logs

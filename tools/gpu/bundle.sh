@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Prepare a run of the pipeline on a GPU machine that has PyTorch but no network and none of
+# DVC, Snakemake, jsonschema or spaCy: build the data stages here (download ... vocab, the
+# only ones that need the network or spaCy) and download, as wheels for the machine's Python,
+# what `nmt`, Snakemake and DVC need there beyond its image (image-packages.txt).
+#
+#   make gpu-bundle          # = bash tools/gpu/bundle.sh; then carry data/ and .whl/ over
+#   bash tools/gpu/run.sh    # there (see that file)
+#
+# Environment: PY (the machine's Python, default 3.12), PLATFORMS (its manylinux tags).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-3.12}
+BIN=${BIN:-.venv/bin}
+WHEELS=.whl
+platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64
+           manylinux2014_x86_64 manylinux1_x86_64 any)
+
+echo "== data: dvc repro vocab (download, tokenize, config, vocab of every recipe in pipeline)"
+"$BIN/dvc" repro vocab
+
+echo "== wheels for Python $PY: snakemake, dvc, jsonschema and what they need"
+all=$(mktemp -d)
+trap 'rm -rf "$all"' EXIT
+pins() { grep -iE "^($(IFS='|'; echo "$*"))==" constraints.txt requirements.txt | cut -d: -f2 | sort -u; }
+# These two are published as source only: build their (pure-Python) wheels here first.
+"$BIN/python" -m pip wheel -q --no-deps -w "$all" $(pins antlr4-python3-runtime connection_pool)
+"$BIN/python" -m pip download -q --only-binary=:all: --find-links "$all" -d "$all" \
+    --python-version "$PY" --implementation cp ${platforms[@]/#/--platform } \
+    -c constraints.txt $(pins snakemake dvc jsonschema)
+rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+normal() { tr 'A-Z_.' 'a-z--'; }
+image=$(grep -v '^#' tools/gpu/image-packages.txt | normal)
+for wheel in "$all"/*.whl; do
+    name=$(basename "$wheel" | cut -d- -f1 | normal)
+    grep -qx "$name" <<<"$image" || cp "$wheel" "$WHEELS/"
+done
+echo "== ready: $(ls "$WHEELS" | wc -l) wheels ($(du -sh "$WHEELS" | cut -f1)), data/ $(du -sh data | cut -f1)"
