@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import yaml
 
-from nmt.errors import NmtError
+from nmt.errors import EX_IOERR, FULL, DiskFull, NmtError
 from nmt.params import load_params
 from nmt.recipes import resolve
 from nmt.runs import MODEL_NAMES, Run
@@ -286,11 +288,21 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(max(1, min(wanted, os.cpu_count() or 1)))
 
 
+class Terminated(Exception):
+    """SIGTERM outside the training loop (which answers it with its own line and state)."""
+
+
+def on_sigterm(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
-    reads = set()
+    reads, old_sigterm = set(), signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():  # where handlers can be set
+        signal.signal(signal.SIGTERM, on_sigterm)  # a scheduler's stop gets its line too
     try:
         params = load_params(args.params)
         if os.environ.get("NMT_TRACK_READS"):  # tests: which keys and modules a stage uses
@@ -302,11 +314,22 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, params) or 0
     except NmtError as e:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code  # 2; a full disk 74 (EX_IOERR)
+    except OSError as e:  # a full disk met outside nmt.files (which names the output itself)
+        if e.errno not in FULL:
+            raise
+        folder = Path(e.filename).parent if e.filename else Path.cwd()
+        print(f"nmt {args.stage}: error: {DiskFull.at(folder)}", file=sys.stderr)
+        return EX_IOERR
     except KeyboardInterrupt:
         print(f"nmt {args.stage}: interrupted; {interrupted_note(args)}", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"nmt {args.stage}: stopped by SIGTERM; {interrupted_note(args)}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, old_sigterm)
         if os.environ.get("NMT_TRACK_READS"):
             record_reads(Path(os.environ["NMT_TRACK_READS"]), args.stage, reads)
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from nmt import files
 from nmt.files import atomic_path
 
 log = logging.getLogger("nmt.train")
@@ -172,8 +173,7 @@ def set_aside(path: Path, why: str) -> Path:
 def remove_temporaries(paths: Iterable[Path]) -> None:
     """Delete the temporary files killed writes of `paths` left (atomic_path's .<name>.*.tmp)."""
     for path in paths:
-        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-            tmp.unlink(missing_ok=True)
+        files.remove_temporaries(path)
 
 
 def test_hook(point: str, count: int) -> None:
