@@ -25,12 +25,13 @@ class DiskFull(NmtError):
 
     @classmethod
     def at(cls, folder: Path, writing: str | None = None) -> DiskFull:
-        """The one line for `folder`: its free space now, and what to do."""
+        """The one line for `folder`: its free space (read once the unfinished write is gone,
+        so it matches what `df` shows afterwards) and what to do."""
         try:
             free = f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free"
         except OSError:
             free = "free space unknown"
         what = f" while writing {writing}" if writing else ""
-        return cls(f"{folder}: no space left on its disk ({free}){what}; nothing was "
+        return cls(f"{folder}: no space left on its disk{what} ({free}); nothing was "
                    "half-written (fix: free space on that disk, or point the output at a larger "
                    "one, then run the same command again)")

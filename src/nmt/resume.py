@@ -180,7 +180,8 @@ def test_hook(point: str, count: int) -> None:
     """For tests: NMT_TEST_KILL_AT=<point>:<n>[:<SIGNAL>[:session]][@<rank>] makes this process
     send itself SIGNAL (default KILL) when `point` happens for the n-th time.
 
-    Points: step (after optimizer update n of the run), save (half-way through writing the
+    Points: start (1: nmt train begins, before the loop's signal handling), step (after
+    optimizer update n of the run), save (half-way through writing the
     n-th resume state of this process), valid (after the first batch of the n-th validation
     of this process). `session`: every process of this session gets it too (an orchestrator
     killed together with its job). @rank limits it to one process of a distributed run.

@@ -201,6 +201,7 @@ def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
     `settings`: the resolved recipe (nmt.recipes.resolve). Continues a matching resume state
     unless `restart`; a signal raises resume.Stopped.
     """
+    resume.test_hook("start", 1)
     trainer = setup(settings, paths)
     try:
         if trainer.world.main:
