@@ -288,8 +288,9 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(max(1, min(wanted, os.cpu_count() or 1)))
 
 
-class Terminated(Exception):
-    """SIGTERM outside the training loop (which answers it with its own line and state)."""
+class Terminated(BaseException):
+    """SIGTERM outside the training loop (which answers it with its own line and state); a
+    BaseException, as KeyboardInterrupt, so no `except Exception` on the way swallows it."""
 
 
 def on_sigterm(signum, frame):
@@ -328,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nmt {args.stage}: stopped by SIGTERM; {interrupted_note(args)}", file=sys.stderr)
         return 128 + signal.SIGTERM
     finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, old_sigterm)
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:  # not one set since (SIG_IGN
+            signal.signal(signal.SIGTERM, old_sigterm)  # by a training whose peer died)
         if os.environ.get("NMT_TRACK_READS"):
             record_reads(Path(os.environ["NMT_TRACK_READS"]), args.stage, reads)
 
