@@ -3,12 +3,13 @@
 import io
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 import sacrebleu
 import torch
 
-from conftest import REPO
+from conftest import REPO, edit_params
 from nmt.checkpoint import load, save
 from nmt.cli import main
 from nmt.data import Batches, load_pairs
@@ -37,7 +38,10 @@ def tokenized(prepared, tmp_path_factory):
 
 
 def tiny_params() -> dict:
+    """The published recipe with the TINY model: what save_run's checkpoints were "trained" with
+    (evaluate refuses a best.pt of other settings)."""
     params = resolve(load_params(REPO / "params.yaml"), "published")
+    params["model"] = asdict(TINY)
     params["train"]["device"] = "cpu"
     params["evaluate"] |= {"testsets": TESTSETS, "batch_size": 32, "beam_size": 3}
     return params
@@ -136,12 +140,14 @@ def test_translate_cli_handles_empty_long_and_unknown_input(prepared, tmp_path, 
     assert len(from_file) == 4 and from_file[1] == ""
 
 
-def test_translate_reads_stdin_and_beam_one_is_greedy(prepared, tmp_path, capsys, monkeypatch):
+def test_translate_reads_stdin_and_beam_one_is_greedy(prepared, tmp_path, capsys, monkeypatch,
+                                                      params_file):
     save_run(tmp_path / "results" / "published-scratch-s0", "scratch", "published",
              prepared["word"])
     (tmp_path / "vocab").mkdir()
     (tmp_path / "vocab" / "published").symlink_to(prepared["word"])
-    base = ["--params", str(REPO / "params.yaml"), "translate", "--results",
+    edit_params(params_file, model=asdict(TINY))  # what the run's best.pt was saved with
+    base = ["--params", str(params_file), "translate", "--results",
             str(tmp_path / "results"), "--vocab", str(tmp_path / "vocab"), "--beam", "1"]
     monkeypatch.setattr("sys.stdin", io.StringIO("Zwei Hunde spielen.\nEine Frau singt.\n"))
     assert main(base) == 0

@@ -132,12 +132,13 @@ def unshare_works() -> bool:
 
 
 @pytest.mark.skipif(not unshare_works(), reason="needs unshare -rm (a private mount namespace)")
-@pytest.mark.parametrize("mount, cause", [
-    ("ro,size=1m", "cannot write to {run}: Read-only file system (fix: make it writable"),
-    ("size=64k", "{run}: 0.1 MB free on its disk, training needs about 12.9 MB for its resume "
-                 "state and checkpoints (fix: free disk space"),
+@pytest.mark.parametrize("mount, code, cause", [
+    ("ro,size=1m", 2, "cannot write to {run}: Read-only file system (fix: make it writable"),
+    # A disk too small: EX_IOERR (74), as a disk that fills during training (test_disk_full).
+    ("size=64k", 74, "{run}: 0.1 MB free on its disk, training needs about 12.9 MB for its "
+                     "resume state and checkpoints (fix: free disk space"),
 ])
-def test_unwritable_or_full_results_folder_is_one_line(data, tmp_path, mount, cause):
+def test_unwritable_or_full_results_folder_is_one_line(data, tmp_path, mount, code, cause):
     """A real read-only and a real nearly full file system (tmpfs in a private namespace)."""
     results = tmp_path / "results"
     results.mkdir()
@@ -145,7 +146,7 @@ def test_unwritable_or_full_results_folder_is_one_line(data, tmp_path, mount, ca
     proc = nmt_process(argv, launcher=["unshare", "-rm", "sh", "-c",
                                        f'mount -t tmpfs -o {mount} tmpfs {results} && exec "$@"',
                                        "sh", sys.executable])
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.returncode == code, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("nmt train: error: " + cause.format(run=RUN.dir(results))), last
     assert "epoch 1" not in proc.stderr  # stopped before training

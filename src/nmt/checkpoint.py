@@ -104,6 +104,40 @@ def check_run(path: Path, ckpt: dict, expect: Run) -> None:
                    "run's own best.pt there)")
 
 
+# train: keys that say where a run trained and how often it kept its state, not what it learnt.
+PLACEMENT = ("device", "compile", "save_every_minutes")
+
+
+def setting_differences(ckpt: dict, settings: dict) -> list[str]:
+    """`section.key (trained A, now B)` for each setting that differs between the checkpoint and
+    a resolved recipe: the model it builds (model_config), and the train section it records
+    (other epochs, lr or batching give other weights: a wrong result for that run as much as
+    another size). A section the checkpoint does not record is not compared."""
+    now = {"model": asdict(ModelConfig.from_dict(settings["model"]))}
+    trained = {"model": ckpt["model_config"]}
+    if isinstance(ckpt["params"].get("train"), dict):
+        now["train"] = {k: v for k, v in settings["train"].items() if k not in PLACEMENT}
+        trained["train"] = {k: v for k, v in ckpt["params"]["train"].items()
+                            if k not in PLACEMENT}
+    out = []
+    for section, values in now.items():
+        for key in sorted(values.keys() | trained[section].keys()):
+            a, b = trained[section].get(key), values.get(key)
+            if json.dumps(a) != json.dumps(b):  # a tuple and the list it was saved as agree
+                out.append(f"{section}.{key} (trained {a}, now {b})")
+    return out
+
+
+def check_settings(path: Path, ckpt: dict, settings: dict, run: Run) -> None:
+    """The checkpoint must have been trained with the settings its run's recipe resolves to."""
+    changed = setting_differences(ckpt, settings)
+    if changed:
+        raise NmtError(f"{path} was trained with other settings than recipe {run.recipe} has "
+                       f"now: {', '.join(changed)} (fix: re-run `nmt train --recipe {run.recipe} "
+                       f"--model {run.model} --seed {run.seed}`, or restore those settings in "
+                       "params.yaml)")
+
+
 def build(path: Path, ckpt: dict) -> torch.nn.Module:
     """The model the checkpoint describes, its weights loaded; checked key by key and shape."""
     if ckpt["model"] not in MODELS:
@@ -133,16 +167,19 @@ def build(path: Path, ckpt: dict) -> torch.nn.Module:
     return model
 
 
-def load(path: Path, device: torch.device | str = "cpu", expect: Run | None = None):
+def load(path: Path, device: torch.device | str = "cpu", expect: Run | None = None,
+         settings: dict | None = None):
     """(model in eval mode on device, checkpoint dict) from a file written by `save`.
 
     With `expect`, the checkpoint must be of that run's model and recipe (and seed, where the
-    checkpoint records one).
+    checkpoint records one); with `settings` too (the run's resolved recipe), trained with them.
     """
     path = Path(path)
     ckpt = read(path)
     if expect is not None:
         check_run(path, ckpt, expect)
+        if settings is not None:
+            check_settings(path, ckpt, settings, expect)
     return build(path, ckpt).to(device).eval(), ckpt
 
 

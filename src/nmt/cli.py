@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import yaml
 
-from nmt.errors import NmtError
+from nmt.errors import EX_IOERR, FULL, DiskFull, NmtError
 from nmt.params import load_params
 from nmt.recipes import resolve
 from nmt.runs import MODEL_NAMES, Run
@@ -313,11 +315,22 @@ def bound_gpu_memory(megabytes: int) -> None:
     os.environ[GPU_MEMORY_ENV] = str(megabytes)
 
 
+class Terminated(BaseException):
+    """SIGTERM outside the training loop (which answers it with its own line and state); a
+    BaseException, as KeyboardInterrupt, so no `except Exception` on the way swallows it."""
+
+
+def on_sigterm(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
-    reads = set()
+    reads, old_sigterm = set(), signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():  # where handlers can be set
+        signal.signal(signal.SIGTERM, on_sigterm)  # a scheduler's stop gets its line too
     try:
         if args.stage in STAGES:
             from nmt.orchestrators import refuse_others
@@ -335,11 +348,22 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, params) or 0
     except NmtError as e:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code  # 2; a full disk 74 (EX_IOERR)
+    except OSError as e:  # a full disk met outside nmt.files (which names the output itself)
+        if e.errno not in FULL:
+            raise
+        folder = Path(e.filename).parent if e.filename else Path.cwd()
+        print(f"nmt {args.stage}: error: {DiskFull.at(folder)}", file=sys.stderr)
+        return EX_IOERR
     except KeyboardInterrupt:
         print(f"nmt {args.stage}: interrupted; {interrupted_note(args)}", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"nmt {args.stage}: stopped by SIGTERM; {interrupted_note(args)}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:  # not one set since (SIG_IGN
+            signal.signal(signal.SIGTERM, old_sigterm)  # by a training whose peer died)
         if os.environ.get("NMT_TRACK_READS"):
             record_reads(Path(os.environ["NMT_TRACK_READS"]), args.stage, reads)
 

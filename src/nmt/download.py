@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt.errors import NmtError
+from nmt.errors import FULL, NmtError
 from nmt.files import atomic_dir
 
 log = logging.getLogger("nmt.download")
@@ -77,6 +77,8 @@ def fetch_any(tried: list[str], name: str, dest: Path, retries: int, backoff: fl
             fetch(source, name, dest, retries, backoff)
             return source
         except (OSError, urllib.error.URLError) as e:
+            if e.errno in FULL:  # the destination's disk is full: no other source helps
+                raise
             failures.append(f"{source}: {e}")
     raise NmtError(f"could not fetch {name} ({'; '.join(failures)}) "
                    "(fix: set MULTI30K_MIRROR to a folder holding the Multi30k raw files)")

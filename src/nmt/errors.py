@@ -1,5 +1,37 @@
 """The one error type of the pipeline: a problem the user can fix."""
 
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+# sysexits.h's EX_IOERR: an input/output error, here a full disk. A scheduler (SLURM, Snakemake,
+# a shell loop) can tell it from a bad input (2) and retry once space is freed.
+EX_IOERR = 74
+FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left on the device; disk quota exceeded
+
 
 class NmtError(ValueError):
-    """A problem the user can fix; the CLI prints it as one line and exits non-zero."""
+    """A problem the user can fix; the CLI prints it as one line and exits with `exit_code`."""
+
+    exit_code = 2
+
+
+class DiskFull(NmtError):
+    """A write found its disk (or the user's quota) full; nothing was half-written."""
+
+    exit_code = EX_IOERR
+
+    @classmethod
+    def at(cls, folder: Path, writing: str | None = None) -> DiskFull:
+        """The one line for `folder`: its free space (read once the unfinished write is gone,
+        so it matches what `df` shows afterwards) and what to do."""
+        try:
+            free = f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free"
+        except OSError:
+            free = "free space unknown"
+        what = f" while writing {writing}" if writing else ""
+        return cls(f"{folder}: no space left on its disk{what} ({free}); nothing was "
+                   "half-written (fix: free space on that disk, or point the output at a larger "
+                   "one, then run the same command again)")

@@ -104,11 +104,12 @@ class Paths:
 def evaluate(settings: dict, paths: Paths) -> dict:
     """Stage evaluate: score the run's best.pt on every test set; write metrics.json (numbers
     people compare), evaluation.json (what produced them), translations/ and attention.json.
-    settings: the resolved recipe (evaluate, data.target_lang, train.device)."""
+    settings: the resolved recipe (evaluate, data.target_lang; model and train, which best.pt
+    must have been trained with)."""
     run, files = Run.parse(paths.run.folder.name), paths.run
     device = pick_device(settings["train"]["device"])
     bound_gpu_memory(device)
-    model, ckpt = load(files.best, device, expect=run)
+    model, ckpt = load(files.best, device, expect=run, settings=settings)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
     n_params = sum(p.numel() for p in model.parameters())

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from nmt import files
 from nmt.files import atomic_path
 
 log = logging.getLogger("nmt.train")
@@ -172,15 +173,15 @@ def set_aside(path: Path, why: str) -> Path:
 def remove_temporaries(paths: Iterable[Path]) -> None:
     """Delete the temporary files killed writes of `paths` left (atomic_path's .<name>.*.tmp)."""
     for path in paths:
-        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-            tmp.unlink(missing_ok=True)
+        files.remove_temporaries(path)
 
 
 def test_hook(point: str, count: int) -> None:
     """For tests: NMT_TEST_KILL_AT=<point>:<n>[:<SIGNAL>[:session]][@<rank>] makes this process
     send itself SIGNAL (default KILL) when `point` happens for the n-th time.
 
-    Points: step (after optimizer update n of the run), save (half-way through writing the
+    Points: start (1: nmt train begins, before the loop's signal handling), step (after
+    optimizer update n of the run), save (half-way through writing the
     n-th resume state of this process), valid (after the first batch of the n-th validation
     of this process). `session`: every process of this session gets it too (an orchestrator
     killed together with its job). @rank limits it to one process of a distributed run.

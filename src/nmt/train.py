@@ -35,7 +35,7 @@ from tqdm import tqdm
 from nmt import checkpoint, distributed, resume
 from nmt.data import Batches, load_pairs
 from nmt.distributed import World
-from nmt.errors import NmtError
+from nmt.errors import FULL, DiskFull, NmtError
 from nmt.files import write_json, write_text
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run, RunFiles
@@ -202,6 +202,7 @@ def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
     `settings`: the resolved recipe (nmt.recipes.resolve). Continues a matching resume state
     unless `restart`; a signal raises resume.Stopped.
     """
+    resume.test_hook("start", 1)
     trainer = setup(settings, paths)
     try:
         if trainer.world.main:
@@ -313,6 +314,8 @@ def check_room(files: RunFiles, n_params: int, average_last: int) -> None:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
+        if e.errno in FULL:
+            raise DiskFull.at(files.folder) from None
         raise NmtError(f"cannot write to {files.folder}: {e.strerror} (fix: make it writable, "
                        "or pass --results a writable folder)") from None
     # float32 copies: weights, Adam's two moments, the best weights, the averaging window.
@@ -321,7 +324,7 @@ def check_room(files: RunFiles, n_params: int, average_last: int) -> None:
     need -= files.resume.stat().st_size if files.resume.exists() else 0
     free = shutil.disk_usage(files.folder).free
     if free < need:
-        raise NmtError(f"{files.folder}: {free / 1e6:.1f} MB free on its disk, training needs "
+        raise DiskFull(f"{files.folder}: {free / 1e6:.1f} MB free on its disk, training needs "
                        f"about {need / 1e6:.1f} MB for its resume state and checkpoints (fix: "
                        "free disk space, or pass --results a folder on a larger disk)")
 

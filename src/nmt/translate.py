@@ -24,14 +24,26 @@ def read_input(args) -> list[str]:
     if args.sentences:
         return decode_lines([utf8_bytes(s) for s in args.sentences], "arguments")
     if args.file is not None:
-        if not args.file.is_file():
-            raise NmtError(f"{args.file} not found (fix: give a text file, one sentence a line)")
-        return decode_lines(split_text(args.file.read_bytes(), args.file), str(args.file))
+        return decode_lines(split_text(read_file(args.file), args.file), str(args.file))
     if sys.stdin.isatty():
         log.info("reading sentences from standard input, one a line (end with Ctrl-D)")
     stdin = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else utf8_bytes(
         sys.stdin.read())
     return decode_lines(split_text(stdin, "standard input"), "standard input")
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of --file (a pipe such as /dev/stdin too); a folder or a missing or unreadable
+    file is one line that says which."""
+    fix = "(fix: give a text file, one sentence a line)"
+    if path.is_dir():
+        raise NmtError(f"{path} is a folder, not a file {fix}")
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise NmtError(f"{path} not found {fix}") from None
+    except OSError as e:
+        raise NmtError(f"{path} cannot be read ({e.strerror}) {fix}") from None
 
 
 def utf8_bytes(text: str) -> bytes:
@@ -104,7 +116,10 @@ def encode_lines(lines: list[str], src_codec, max_len: int) -> list[list[int] | 
 
 def translate_cli(args, params: dict) -> None:
     path, run = checkpoint_path(args)
-    model, ckpt = load(path, pick_device(args.device), expect=run)
+    # A run's best.pt must hold what its recipe in params.yaml trains; a file named with
+    # --checkpoint is taken as it is.
+    settings = resolve(params, run.recipe) if run and run.recipe in params["recipes"] else None
+    model, ckpt = load(path, pick_device(args.device), expect=run, settings=settings)
     vocab_dir = Path(args.vocab) / ckpt["recipe"]
     src_codec, tgt_codec = load_codecs(vocab_dir)
     check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)

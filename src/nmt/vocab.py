@@ -108,19 +108,21 @@ def build(settings: dict, paths: Paths) -> dict:
     meta.json). settings: the resolved recipe (vocab, data.source_lang/target_lang)."""
     vocab_cfg, tokenized_dir, out_dir = settings["vocab"], Path(paths.tokenized), paths.out
     src, tgt = settings["data"]["source_lang"], settings["data"]["target_lang"]
+    word = vocab_cfg["kind"] == "word"  # spaCy tokens; BPE reads the raw text
+    sides = aligned(*(tokenized_dir / f"train.{lang}.{'tok' if word else 'txt'}"
+                      for lang in (src, tgt)), read_tokens if word else read_lines)
     with atomic_dir(out_dir) as tmp:
-        if vocab_cfg["kind"] == "word":
+        if word:
             sizes = {}
-            for side, lang in (("src", src), ("tgt", tgt)):
-                v = build_vocab(read_tokens(tokenized_dir / f"train.{lang}.tok"),
-                                vocab_cfg["min_freq"])
+            for side, sentences in zip(("src", "tgt"), sides, strict=True):
+                v = build_vocab(sentences, vocab_cfg["min_freq"])
                 write_json(tmp / f"{side}.json", v.itos)
                 sizes[side] = len(v)
         else:
-            sizes = _train_bpe(tokenized_dir, tmp, vocab_cfg["bpe_size"], src, tgt)
+            sizes = _train_bpe(sides, tmp, vocab_cfg["bpe_size"])
         # Only the settings this kind reads, so an unrelated change leaves the bytes alike
         # and DVC skips what follows.
-        setting = "min_freq" if vocab_cfg["kind"] == "word" else "bpe_size"
+        setting = "min_freq" if word else "bpe_size"
         meta = {"kind": vocab_cfg["kind"], setting: vocab_cfg[setting], "source_lang": src,
                 "target_lang": tgt, "src_size": sizes["src"], "tgt_size": sizes["tgt"]}
         write_json(tmp / "meta.json", meta)
@@ -129,13 +131,22 @@ def build(settings: dict, paths: Paths) -> dict:
     return meta
 
 
-def _train_bpe(tokenized_dir: Path, out: Path, size: int, src: str, tgt: str) -> dict:
+def aligned(src_path: Path, tgt_path: Path, read) -> tuple[list, list]:
+    """read() of both sides of the train split, refused unless they pair up line by line (as
+    verify and train refuse them): a vocabulary of a misaligned split would be built in vain."""
+    src, tgt = read(src_path), read(tgt_path)
+    if len(src) != len(tgt):
+        raise NmtError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the "
+                       "train split is not aligned (fix: re-run nmt tokenize)")
+    return src, tgt
+
+
+def _train_bpe(sides: tuple[list[str], list[str]], out: Path, size: int) -> dict:
     import io
 
     import sentencepiece as spm
 
-    lines = read_lines(tokenized_dir / f"train.{src}.txt") + read_lines(
-        tokenized_dir / f"train.{tgt}.txt")
+    lines = sides[0] + sides[1]
     model = io.BytesIO()
     try:
         # From memory into memory: the model then records no file paths, so the same data

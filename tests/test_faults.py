@@ -1,0 +1,276 @@
+"""Faults inside the stages (issue 22): a disk that fills up, a checkpoint of another
+configuration, a killed evaluate's temporary folder, a SIGTERM before the training loop, a
+folder given as --file, misaligned sides for nmt vocab.
+
+All real: a real full file system (a small tmpfs, mounted as root; skipped with the reason
+where mounting is not permitted), real `python -m nmt` processes stopped and killed by real
+signals, a real checkpoint trained under another params file. Tiny model, 300 pairs, 2 epochs.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, edit_params
+from nmt import cli
+from nmt.checkpoint import load, setting_differences
+from nmt.errors import EX_IOERR
+from nmt.params import load_params
+from nmt.recipes import resolve
+from nmt.runs import Run
+from train_helpers import assert_same_outputs, params_file, tiny_data, train_argv
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+RUN = Run("published", "scratch", 0)
+FREE_FIX = (r" \(\d+\.\d MB free\); nothing was half-written \(fix: free space on that disk, or "
+            r"point the output at a larger one, then run the same command again\)")
+
+
+@pytest.fixture(scope="module")
+def trained(prepared, tmp_path_factory):
+    """Tiny data, its params.yaml (2 epochs) and an uninterrupted run of it: the reference."""
+    root = tmp_path_factory.mktemp("faults")
+    data = tiny_data(prepared, root)
+    for path in prepared["tokenized"].glob("test_*"):  # 40 sentences of each test set
+        lines = path.read_text("utf-8").splitlines(True)[:40]
+        (data["tokenized"] / path.name).write_text("".join(lines), "utf-8")
+    params = params_file(root, epochs=2)
+    assert cli.main(train_argv(params, {**data, "results": root / "reference"})) == 0
+    return {"data": data, "params": params, "reference": RUN.dir(root / "reference")}
+
+
+def nmt_env(**extra) -> dict:
+    """The environment of a `python -m nmt` process: one thread, this checkout, `extra`."""
+    env = {k: v for k, v in os.environ.items() if k != "NMT_TEST_KILL_AT"}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src"), **extra}
+
+
+def evaluate_argv(params: Path, data: dict, results: Path) -> list[str]:
+    return ["--params", str(params), "evaluate", "--recipe", "published", "--model", "scratch",
+            "--tokenized", str(data["tokenized"]), "--vocab", str(data["vocab"] / "published"),
+            "--results", str(results)]
+
+
+def last_line(err: str) -> str:
+    """The error line; nothing else on stderr may look like a failure."""
+    assert "Traceback" not in err, err[-3000:]
+    return err.strip().splitlines()[-1]
+
+
+def hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+# --- item 1: a disk that fills up ------------------------------------------------------------
+
+@pytest.fixture
+def disk(tmp_path):
+    """A real 64 MB file system of its own (tmpfs), unmounted afterwards."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): "
+                    "the full-disk cases need root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Write zeros until the disk takes no more; returns the file that holds them."""
+    filler = disk / "filler"
+    with open(filler, "ab", buffering=0) as f:
+        for size in (1 << 20, 1 << 12, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+    return filler
+
+
+def wait_stopped(proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the process is stopped (SIGSTOP from the test hook)."""
+    status = Path(f"/proc/{proc.pid}/status")
+    deadline = time.monotonic() + timeout
+    while "\nState:\tT" not in status.read_text():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the training never reached the stop"
+        time.sleep(0.05)
+
+
+def test_a_disk_that_fills_during_training_is_one_line_and_the_rerun_resumes(trained, disk,
+                                                                              caplog):
+    """The disk fills while the run is stopped mid-epoch 2; the end-of-epoch resume state then
+    finds no room: exit 74, one line, the epoch-1 state intact, and after freeing the space the
+    same command resumes to the uninterrupted run's bytes."""
+    argv = train_argv(trained["params"], {**trained["data"], "results": disk / "results"})
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", *argv], stderr=subprocess.PIPE,
+                            text=True, env=nmt_env(NMT_TEST_KILL_AT="step:14:STOP"))
+    wait_stopped(proc)
+    filler = fill(disk)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    run_dir = RUN.dir(disk / "results")
+    assert proc.returncode == EX_IOERR, err[-3000:]
+    assert re.fullmatch(f"nmt train: error: {re.escape(str(run_dir))}: no space left on its disk "
+                        f"while writing resume.pt{FREE_FIX}", last_line(err)), last_line(err)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["resume.pt"]  # no temporary, no output
+
+    filler.unlink()
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        assert cli.main(argv) == 0
+    assert "resuming from epoch 2, step 10 of 20 " in caplog.text
+    assert_same_outputs(trained["reference"], run_dir)
+
+    # evaluate on the full disk: the same line, nothing of its outputs, then a clean re-run.
+    filler = fill(disk)
+    proc = subprocess.run([sys.executable, "-m", "nmt", *evaluate_argv(
+        trained["params"], trained["data"], disk / "results")], capture_output=True, text=True,
+        env=nmt_env(), timeout=300)
+    assert proc.returncode == EX_IOERR, proc.stderr[-3000:]
+    assert re.fullmatch(f"nmt evaluate: error: {re.escape(str(run_dir))}: no space left on its "
+                        f"disk while writing translations{FREE_FIX}", last_line(proc.stderr))
+    assert sorted(p.name for p in run_dir.iterdir()) == ["best.pt", "history.csv", "last.pt",
+                                                         "train.json"]
+    filler.unlink()
+    assert cli.main(evaluate_argv(trained["params"], trained["data"], disk / "results")) == 0
+    assert (run_dir / "metrics.json").is_file() and not hidden(run_dir)
+
+
+@pytest.mark.parametrize("stage", ["download", "vocab"])
+def test_a_full_disk_in_a_data_stage_is_one_line(prepared, mirror, disk, capsys, monkeypatch,
+                                                 stage):
+    monkeypatch.chdir(REPO)  # download reads workflow/multi30k.sha256
+    out = disk / "data" / stage
+    argv = {"download": ["download", "--out", str(out)],
+            "vocab": ["vocab", "--tokenized", str(prepared["tokenized"]), "--out", str(out)]}
+    filler = fill(disk)
+    assert cli.main(["--params", str(REPO / "params.yaml"), *argv[stage]]) == EX_IOERR
+    err = capsys.readouterr().err
+    assert re.fullmatch(f"nmt {stage}: error: {re.escape(str(out.parent))}: no space left on its "
+                        f"disk while writing {stage}{FREE_FIX}", last_line(err)), last_line(err)
+    assert os.listdir(out.parent) == []  # no half folder, no temporary
+    filler.unlink()
+    assert cli.main(["--params", str(REPO / "params.yaml"), *argv[stage]]) == 0
+    assert os.listdir(out.parent) == [stage]
+
+
+# --- item 2: a checkpoint of another configuration -------------------------------------------
+
+def test_a_best_pt_trained_with_other_settings_is_refused(trained, tmp_path, capsys):
+    """A best.pt of the right run name, trained for 1 epoch with d_model 16 under another
+    params file, placed as the run's best.pt: evaluate and translate --run refuse it."""
+    other = tmp_path / "other"
+    other.mkdir()
+    params = params_file(other, model={"d_model": 16}, epochs=1)
+    assert cli.main(train_argv(params, {**trained["data"], "results": other / "results"})) == 0
+    results = tmp_path / "results"
+    RUN.dir(results).mkdir(parents=True)
+    shutil.copy(RUN.files(other / "results").best, RUN.files(results).best)
+    capsys.readouterr()
+
+    argv = evaluate_argv(trained["params"], trained["data"], results)
+    assert cli.main(argv) == 2
+    line = last_line(capsys.readouterr().err)
+    assert line == (f"nmt evaluate: error: {RUN.files(results).best} was trained with other "
+                    "settings than recipe published has now: model.d_model (trained 16, now 32), "
+                    "train.epochs (trained 1, now 2) (fix: re-run `nmt train --recipe published "
+                    "--model scratch --seed 0`, or restore those settings in params.yaml)")
+    assert sorted(p.name for p in RUN.dir(results).iterdir()) == ["best.pt"]
+
+    translate = ["--params", str(trained["params"]), "translate", "--results", str(results),
+                 "--vocab", str(trained["data"]["vocab"]), "--device", "cpu"]
+    assert cli.main([*translate, "--run", RUN.name, "Ein Mann."]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "model.d_model (trained 16, now 32)" in last_line(err)
+    # A file named with --checkpoint is taken as it is: no run to compare with.
+    assert cli.main([*translate, "--checkpoint", str(RUN.files(results).best), "Ein Mann."]) == 0
+    assert capsys.readouterr().out.count("\n") == 1
+
+
+def test_where_a_run_trained_is_no_difference(trained):
+    """device, compile and save_every_minutes say where and how often, not what is learnt."""
+    settings = resolve(load_params(trained["params"]), "published")
+    ckpt = load(trained["reference"] / "best.pt")[1]
+    assert setting_differences(ckpt, settings) == []
+    settings["train"] |= {"device": "cuda", "compile": True, "save_every_minutes": 5}
+    assert setting_differences(ckpt, settings) == []
+    settings["train"]["betas"] = [0.9, 0.99]
+    settings["model"]["dropout"] = 0.3
+    assert setting_differences(ckpt, settings) == [
+        "model.dropout (trained 0.1, now 0.3)", "train.betas (trained [0.9, 0.98], now [0.9, "
+        "0.99])"]
+
+
+# --- item 6: a killed evaluate's temporary folder --------------------------------------------
+
+def test_a_killed_evaluate_leaves_nothing_once_it_runs_again(trained, tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(trained["reference"], RUN.dir(results))
+    argv = evaluate_argv(trained["params"], trained["data"], results)
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", *argv], stderr=subprocess.DEVNULL,
+                            env=nmt_env())
+    deadline = time.monotonic() + 300
+    while not hidden(RUN.dir(results)):  # translating: its temporary folder exists
+        assert proc.poll() is None and time.monotonic() < deadline, "evaluate never started"
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    left = hidden(RUN.dir(results))
+    assert len(left) == 1 and re.fullmatch(r"\.translations\.\w{8}\.tmp", left[0])
+    assert cli.main(argv) == 0
+    assert hidden(RUN.dir(results)) == []
+    assert (RUN.dir(results) / "translations").is_dir()
+
+
+# --- item 8: small ones ----------------------------------------------------------------------
+
+def test_sigterm_before_the_training_loop_is_one_line_and_143(trained, tmp_path):
+    argv = train_argv(trained["params"], {**trained["data"], "results": tmp_path / "results"})
+    proc = subprocess.run([sys.executable, "-m", "nmt", *argv], capture_output=True, text=True,
+                          env=nmt_env(NMT_TEST_KILL_AT="start:1:TERM"), timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    state = RUN.files(tmp_path / "results").resume
+    assert proc.stderr.strip() == (
+        f"nmt train: stopped by SIGTERM; outputs appear only when training completes; {state}, "
+        "if there, is kept and the same nmt train command resumes from it")
+
+
+def test_translate_file_that_is_a_folder(trained, tmp_path, capsys):
+    argv = ["--params", str(trained["params"]), "translate", "--checkpoint",
+            str(trained["reference"] / "best.pt"), "--vocab", str(trained["data"]["vocab"]),
+            "--device", "cpu", "--file", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert last_line(capsys.readouterr().err) == (
+        f"nmt translate: error: {tmp_path} is a folder, not a file (fix: give a text file, one "
+        "sentence a line)")
+
+
+@pytest.mark.parametrize("kind", ["word", "bpe"])
+def test_vocab_refuses_misaligned_sides(prepared, tmp_path, capsys, kind):
+    tokenized = tmp_path / "tokenized"
+    shutil.copytree(prepared["tokenized"], tokenized)
+    suffix = "tok" if kind == "word" else "txt"
+    english = tokenized / f"train.en.{suffix}"
+    english.write_text("".join(english.read_text("utf-8").splitlines(True)[:-3]), "utf-8")
+    params = edit_params(params_file(tmp_path), vocab={"kind": kind, "bpe_size": 1000})
+    out = tmp_path / "vocab"
+    assert cli.main(["--params", str(params), "vocab", "--tokenized", str(tokenized),
+                     "--out", str(out)]) == 2
+    assert last_line(capsys.readouterr().err) == (
+        f"nmt vocab: error: {tokenized}/train.de.{suffix} has 2000 lines but {english} has 1997: "
+        "the train split is not aligned (fix: re-run nmt tokenize)")
+    assert not out.exists()
