@@ -36,7 +36,7 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 # The data stages ran where spaCy and the network are: mark their carried outputs up to date
 # (file times do not survive the trip), so Snakemake starts at verify.
 vocabs=(data/vocab/*/)
-snakemake --workflow-profile workflow/profiles/gpu --touch --quiet "${vocabs[@]%/}"
+snakemake --workflow-profile workflow/profiles/gpu --touch "${vocabs[@]%/}"
 
 status=0
 timeout -s INT -k 60 "${minutes}m" snakemake --workflow-profile workflow/profiles/gpu "$@" || status=$?
