@@ -192,7 +192,8 @@ rule evaluate:
         "results/{recipe}-{model}-s{seed}/evaluation.json",
         "results/{recipe}-{model}-s{seed}/metrics.json",
     params:
-        values=declared(recipe_params=["data.target_lang", "evaluate", "train.device"]),
+        values=declared(recipe_params=["data.target_lang", "evaluate", "train.device",
+                                       "train.precision"]),
     threads: 8
     resources:
         gpu=1,
