@@ -278,7 +278,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         torch.manual_seed(run.seed + 1_000_003 * world.rank)
     ddp = distributed.wrap(model, world, device)
     # Batch shapes vary with sentence length: compile once for dynamic shapes, not per length.
-    step_model = torch.compile(ddp, dynamic=True) if config.compile else ddp
+    step_model = compiled(ddp) if config.compile else ddp
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=config.betas,
                                  eps=config.eps, fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -299,6 +299,21 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     log.info("%s: %s parameters on %s, %s%s", run.name, f"{trainer.n_params:,}", on,
              trainer.precision, ", compiled" if config.compile else "")
     return trainer
+
+
+def compiled(ddp: torch.nn.Module, backend: str = "inductor") -> torch.nn.Module:
+    """torch.compile for dynamic shapes (inductor: Triton on CUDA, C++ via gcc on the CPU):
+    one graph for every batch shape. Duck shaping is off: it gives two sizes that happen to
+    be equal in the first batch (32 sentences of 32 tokens) one symbol, and the first batch
+    where they differ recompiles. Dynamo's caches and counters are cleared first, so
+    machine_report counts this run's compiles."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compilation_time_metrics.clear()
+    torch.fx.experimental._config.use_duck_shape = False  # read when the first batch compiles
+    return torch.compile(ddp, dynamic=True, backend=backend)
 
 
 def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,

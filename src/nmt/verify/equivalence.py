@@ -2,7 +2,8 @@
 
 The baseline is built with seeded weights and the scratch model receives the same weights
 through models.mapping, so every difference measured below is a difference of the code.
-run_checks() takes the checklist, float32, float64 and bf16 autocast, then the training trajectory, and
+run_checks() takes the checklist, float32, float64 and bf16 autocast, then the training
+trajectory, and
 appends the decoder-only model's property checks (nmt.verify.decoder_only). It returns
 {"passed", "checks": [{"name", "passed", "max_abs_diff", "tolerance", "seconds"}], "config",
 "trajectory"}; print_table() shows it.
