@@ -7,8 +7,10 @@ Tolerances (stated once, here):
   float64 within 1e-10 (pads are masked; only the summation order may change);
 - bf16 vs fp32 training: every epoch's loss within BF16_LOSS_TOLERANCE (0.05 nats on losses of
   about 5-7: bf16 keeps ~3 significant digits, and the tiny run's updates compound them);
-- compiled vs eager: every epoch's loss within 1e-4 and the weights within 1e-4 (inductor
-  fuses and reorders float32 reductions; nothing else differs).
+- compiled vs eager: every epoch's loss within 1e-4, the final weights within 1e-3 relative
+  (L2 norm of the difference over the norm; measured 5.7e-5). Inductor fuses and reorders
+  float32 reductions; Adam turns that noise in near-zero gradients into lr-sized steps, so the
+  largest single weight difference (6e-4 at lr 1e-3) measures Adam, not the compiler.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from train_helpers import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 RUN = Run("published", "scratch", 0)
 BF16_LOSS_TOLERANCE = 0.05
-COMPILE_TOLERANCE = 1e-4
+COMPILE_TOLERANCE = 1e-4  # on losses
+COMPILE_WEIGHTS_TOLERANCE = 1e-3  # relative L2 norm
 EVERY_STEP = 1e-9  # save_every_minutes: a resume state after every update
 
 
@@ -173,10 +176,11 @@ def test_evaluate_scores_in_the_precision_trained_in(data, tmp_path):
     assert abs(bf16["loss"] - fp32["loss"]) <= BF16_LOSS_TOLERANCE
 
 
-def state_diff(a, b) -> float:
-    """Largest absolute difference between two checkpoints' weights."""
-    wa, wb = (torch.load(p, weights_only=True)["model"] for p in (a, b))
-    return max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa)
+def relative_difference(a, b) -> float:
+    """||wa - wb|| / ||wa|| over all the weights of two checkpoints."""
+    wa, wb = (torch.load(p, weights_only=True)["state_dict"] for p in (a, b))
+    va, vb = (torch.cat([w[k].double().flatten() for k in wa]) for w in (wa, wb))
+    return ((va - vb).norm() / va.norm()).item()
 
 
 @pytest.mark.slow
@@ -202,8 +206,8 @@ def test_compiled_run_resumes_after_a_kill_and_matches_eager(data, tmp_path, cap
     for eager_row, compiled_row in zip(rows[False], rows[True], strict=True):
         for key in ("train_loss", "valid_loss"):
             assert abs(float(eager_row[key]) - float(compiled_row[key])) <= COMPILE_TOLERANCE
-    assert state_diff(runs[False].last, runs[True].last) <= COMPILE_TOLERANCE
+    assert relative_difference(runs[False].last, runs[True].last) <= COMPILE_WEIGHTS_TOLERANCE
     summary = json.loads(runs[True].summary.read_text())
     assert_device_report(summary, "fp32", compiled=True)
     assert summary["compile_seconds"] > 0 and summary["compiled_graphs"] >= 1
-    print(f"compile: {summary['compile_seconds']} s, {summary['compiled_graphs']} graphs")
+    print(f"\ncompile: {summary['compile_seconds']} s, {summary['compiled_graphs']} graphs")
