@@ -42,7 +42,8 @@ def load_pairs(tokenized_dir: Path, split: str, src_codec, tgt_codec, max_len: i
 def padded_length(longest: int, multiple: int = 1, limit: int = 0) -> int:
     """The longest length rounded up to a multiple of `multiple`, but not past `limit` (the
     positional table's length; 0: no limit) where rounding would cross it. Fewer distinct
-    shapes bound torch.compile's recompiles, and multiples of 8 fill tensor-core tiles."""
+    shapes and tensor-core-sized lengths; train's torch.compile, for dynamic shapes, needs no
+    padding to compile once (tests/test_gpu_path.py)."""
     rounded = -(-longest // multiple) * multiple
     return rounded if not limit or rounded <= limit else max(longest, limit)
 

@@ -307,12 +307,13 @@ def compiled(ddp: torch.nn.Module, backend: str = "inductor") -> torch.nn.Module
     be equal in the first batch (32 sentences of 32 tokens) one symbol, and the first batch
     where they differ recompiles. Dynamo's caches and counters are cleared first, so
     machine_report counts this run's compiles."""
+    import torch.fx.experimental._config as shape_config
     from torch._dynamo.utils import compilation_time_metrics, counters
 
     torch._dynamo.reset()
     counters.clear()
     compilation_time_metrics.clear()
-    torch.fx.experimental._config.use_duck_shape = False  # read when the first batch compiles
+    shape_config.use_duck_shape = False  # read when the first batch compiles
     return torch.compile(ddp, dynamic=True, backend=backend)
 
 
