@@ -216,3 +216,25 @@ def test_compiled_run_resumes_after_a_kill_and_matches_eager(data, tmp_path, cap
     assert_device_report(summary, "fp32", compiled=True)
     assert summary["compile_seconds"] > 0 and summary["compiled_graphs"] >= 1
     print(f"\ncompile: {summary['compile_seconds']} s, {summary['compiled_graphs']} graphs")
+
+
+@pytest.mark.slow
+def test_compiled_ddp_on_two_processes_trains_like_eager_accumulation(data, tmp_path):
+    """train.compile with train.devices 2: torch.compile wraps DistributedDataParallel (Gloo
+    on the CPU); the two ranks' updates equal one eager process accumulating 2 (dropout 0),
+    within the compiled-vs-eager tolerances."""
+    runs = {}
+    for name, settings in (("eager", {"accumulate": 2}), ("ddp", {"devices": 2, "compile": True})):
+        (tmp_path / name).mkdir()
+        argv = train_argv(params_file(tmp_path / name, {"dropout": 0.0}, epochs=2, **settings),
+                          {**data, "results": tmp_path / name / "results"})
+        proc = nmt_process(argv, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = RUN.files(tmp_path / name / "results")
+    rows = {name: list(csv.DictReader(open(f.history))) for name, f in runs.items()}
+    for eager_row, ddp_row in zip(rows["eager"], rows["ddp"], strict=True):
+        for key in ("train_loss", "valid_loss"):
+            assert abs(float(eager_row[key]) - float(ddp_row[key])) <= COMPILE_TOLERANCE
+    assert relative_difference(runs["eager"].last, runs["ddp"].last) <= COMPILE_WEIGHTS_TOLERANCE
+    summary = json.loads(runs["ddp"].summary.read_text())
+    assert summary["compile"] and summary["compiled_graphs"] >= 1
