@@ -209,6 +209,7 @@ PARTNERS = {"data.source_lang": ("data.target_lang", "de"),
 TOGGLE = {"vocab.kind": {"word": "bpe", "bpe": "word"},
           "train.batch_by": {"sentences": "tokens", "tokens": "sentences"},
           "train.device": {"auto": "cpu", "cpu": "auto"},
+          "train.precision": {"auto": "fp32", "fp32": "bf16", "bf16": "fp32"},
           "model.attention": {"prefix": "causal", "causal": "prefix"}}
 
 

@@ -5,6 +5,7 @@ import gzip
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import matplotlib.image
@@ -99,7 +100,9 @@ def fake_run(params: dict, run: Run, results: Path, data: dict) -> None:
         "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
         "device": "cuda:0", "params": 1_000_000, "epochs": epochs, "best_epoch": epochs,
         "best_valid_loss": 1.8, "averaged_valid_loss": None, "seconds_per_epoch": 50.0 + run.seed,
-        "tokens_per_second": 9000, "train_pairs": 29000, "config": {}})
+        "tokens_per_second": 9000, "train_pairs": 29000, "device_name": "NVIDIA H100 80GB HBM3",
+        "precision": "bf16", "compile": True, "compile_seconds": 41.5, "compiled_graphs": 1,
+        "peak_memory_mb": 5120.0, "peak_memory_of": "cuda max_memory_allocated", "config": {}})
 
 
 def fake_tree(root: Path, mirror: Path, recipes, models, seeds, testsets) -> tuple[dict, dict]:
@@ -240,6 +243,10 @@ def test_sections_and_setup_follow_params(full):
     assert f"| {T17} | 1,000 |" in text and "| val | 1,000 |" in text
     assert "MFU" in text or "FLOPs utilisation" in text
     assert "training batches: random 42.7%, bucketed 6.1%." in text  # bench.json's padding
+    # The device report: what trained, in which precision, compiled how fast, in how much memory
+    assert "Trained on: NVIDIA H100 80GB HBM3 (peak memory: cuda max_memory_allocated)" in text
+    assert re.search(r"\| precision +\| +compile s +\| +peak MB +\|", text)
+    assert re.search(r"\| bf16 +\| +41\.500 +\| +5120\.000 +\|", text)
 
 
 def test_one_test_set_two_models(tmp_path, mirror):

@@ -39,7 +39,7 @@ def test_unbroken_model_passes_everything(batches, capsys):
     assert result["passed"] and all(passed.values()), verify.format_table(result)
     for kind in ("embeddings", "encoder memory", "decoder output", "logits", "attention weights",
                  "gradients", "kv-cache decoding", "fused vs math attention"):
-        assert f"{kind} (float32)" in passed and f"{kind} (float64)" in passed
+        assert all(f"{kind} ({dtype})" in passed for dtype in ("float32", "float64", "bfloat16"))
     assert {"parameter count", "output shapes", "training trajectory (float64)"} <= set(passed)
     for c in result["checks"]:
         assert set(c) == {"name", "passed", "max_abs_diff", "tolerance", "seconds"}
@@ -158,33 +158,40 @@ def heads_averaged(monkeypatch):
 
 
 MultiHeadAttention = scratch_attention.MultiHeadAttention
-F32, F64 = " (float32)", " (float64)"
+# BF16: float32 weights under bf16 autocast, with bf16's tolerance (nmt.verify.measure): the
+# big bugs still fail it.
+F32, F64, BF16 = " (float32)", " (float64)", " (bfloat16)"
 
 # breakage: (checks that must fail, checks that must still pass)
 BREAKAGES = {
     causal_off_by_one: (
         ["logits" + F64, "decoder output" + F32, "attention weights" + F64, "gradients" + F64,
-         "training trajectory (float64)"],
+         "training trajectory (float64)", "logits" + BF16, "gradients" + BF16],
         # Step-by-step decoding never sees the future, so it still matches the baseline.
-        ["embeddings" + F64, "encoder memory" + F64, "kv-cache decoding" + F64]),
+        ["embeddings" + F64, "encoder memory" + F64, "kv-cache decoding" + F64,
+         "kv-cache decoding" + BF16]),
     no_scale: (
         ["encoder memory" + F64, "logits" + F32, "attention weights" + F64, "gradients" + F64,
-         "training trajectory (float64)"],
-        ["embeddings" + F64, "parameter count"]),
+         "training trajectory (float64)", "encoder memory" + BF16, "logits" + BF16],
+        ["embeddings" + F64, "parameter count", "embeddings" + BF16]),
     padding_ignored: (
-        ["encoder memory" + F64, "logits" + F32, "attention weights" + F64, "gradients" + F64],
+        ["encoder memory" + F64, "logits" + F32, "attention weights" + F64, "gradients" + F64,
+         "encoder memory" + BF16, "logits" + BF16],
         ["embeddings" + F64, "parameter count", "output shapes"]),
     keys_values_swapped: (
         ["encoder memory" + F64, "logits" + F32, "attention weights" + F64, "gradients" + F64],
         ["embeddings" + F64]),
     math_softmax_over_queries: (
-        ["attention weights" + F64, "attention weights" + F32, "fused vs math attention" + F64],
+        ["attention weights" + F64, "attention weights" + F32, "fused vs math attention" + F64,
+         "attention weights" + BF16, "fused vs math attention" + BF16],
         ["logits" + F64, "gradients" + F64, "training trajectory (float64)"]),
     fused_ignores_mask: (
-        ["encoder memory" + F64, "logits" + F64, "fused vs math attention" + F64],
+        ["encoder memory" + F64, "logits" + F64, "fused vs math attention" + F64,
+         "fused vs math attention" + BF16],
         ["attention weights" + F64, "embeddings" + F64]),
     embedding_detached: (
-        ["gradients" + F64, "gradients" + F32, "training trajectory (float64)"],
+        ["gradients" + F64, "gradients" + F32, "training trajectory (float64)",
+         "gradients" + BF16],
         ["logits" + F64, "attention weights" + F64, "parameter count"]),
     generator_tied: (  # loading fills the shared matrix twice: the generator's copy wins
         ["parameter count", "embeddings" + F64, "logits" + F64, "gradients" + F64],

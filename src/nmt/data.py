@@ -40,16 +40,30 @@ def load_pairs(tokenized_dir: Path, split: str, src_codec, tgt_codec, max_len: i
     return list(zip(src, tgt, strict=True))
 
 
-def pad(seqs: list[list[int]]) -> torch.Tensor:
-    """(B, T) LongTensor, right-padded with <pad>."""
-    out = torch.full((len(seqs), max(map(len, seqs))), PAD_ID, dtype=torch.long)
+def padded_length(longest: int, multiple: int = 1, limit: int = 0) -> int:
+    """The longest length rounded up to a multiple of `multiple`, but not past `limit` (the
+    positional table's length; 0: no limit) where rounding would cross it. Fewer distinct
+    shapes and tensor-core-sized lengths; train's torch.compile, for dynamic shapes, needs no
+    padding to compile once (tests/test_gpu_path.py)."""
+    rounded = -(-longest // multiple) * multiple
+    return rounded if not limit or rounded <= limit else max(longest, limit)
+
+
+def pad(seqs: list[list[int]], multiple: int = 1, limit: int = 0) -> torch.Tensor:
+    """(B, T) LongTensor, right-padded with <pad> to padded_length (the longest length, by
+    default)."""
+    length = padded_length(max(map(len, seqs)), multiple, limit)
+    out = torch.full((len(seqs), length), PAD_ID, dtype=torch.long)
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     return out
 
 
-def collate(pairs: list[Pair]) -> tuple[torch.Tensor, torch.Tensor]:
-    return pad([p[0] for p in pairs]), pad([p[1] for p in pairs])
+def collate(pairs: list[Pair], multiple: int = 1, limit: int = 0) -> tuple[torch.Tensor,
+                                                                          torch.Tensor]:
+    """(src, tgt) batches of pairs, each padded as `pad` does."""
+    return (pad([p[0] for p in pairs], multiple, limit),
+            pad([p[1] for p in pairs], multiple, limit))
 
 
 def sentence_batches(n: int, batch_size: int, rng: random.Random | None) -> list[list[int]]:
@@ -118,8 +132,11 @@ class Batches:
     """An epoch's worth of (src, tgt) LongTensor batches; reshuffled with seed + epoch."""
 
     def __init__(self, pairs: list[Pair], batch_by: str, batch_size: int, max_tokens: int,
-                 shuffle: bool, seed: int = 0, bucket: bool = False):
+                 shuffle: bool, seed: int = 0, bucket: bool = False, pad_multiple: int = 1,
+                 max_len: int = 0):
         self.pairs, self.batch_by, self.bucket = pairs, batch_by, bucket  # bucket: sentences only
+        # Batch lengths rounded up to a multiple of pad_multiple, not past max_len (pad).
+        self.pad_multiple, self.max_len = pad_multiple, max_len
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self._order = None  # (epoch, batches) of the epoch last built
@@ -143,7 +160,7 @@ class Batches:
 
     def batch(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The (src, tgt) tensors of one index list."""
-        return collate([self.pairs[i] for i in idx])
+        return collate([self.pairs[i] for i in idx], self.pad_multiple, self.max_len)
 
     def __len__(self) -> int:
         return len(self.indices())

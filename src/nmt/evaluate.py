@@ -20,7 +20,7 @@ from nmt.data import Batches, load_pairs
 from nmt.errors import NmtError
 from nmt.files import atomic_dir, write_json
 from nmt.runs import Run, RunFiles
-from nmt.runtime import bound_gpu_memory, pick_device, token_loss
+from nmt.runtime import autocast, bound_gpu_memory, pick_device, resolve_precision, token_loss
 from nmt.search import DecodeConfig, translate_batches
 from nmt.text import read_lines
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, load_codecs
@@ -58,20 +58,22 @@ def attention_example(model, src_ids: list[int], out_ids: list[int], src_codec,
 
 
 def score_testset(model, pairs, references: list[str], tgt_codec, ev: dict, cap: int,
-                  out: Path, testset: str) -> tuple[dict, dict, list[list[int]]]:
-    """Loss, greedy and beam scores of one test set; writes its translations and the
-    per-sentence losses (for the report's paired bootstrap). (metrics, timings, beam ids)"""
+                  out: Path, testset: str, precision: str) -> tuple[dict, dict, list[list[int]]]:
+    """Loss, greedy and beam scores of one test set under `precision` (bf16 or fp32); writes
+    its translations and the per-sentence losses (for the report's paired bootstrap).
+    (metrics, timings, beam ids)"""
     device = next(model.parameters()).device
     batches = Batches(pairs, "sentences", ev["batch_size"], 0, shuffle=False)
-    losses, tokens = sentence_losses(model, batches, device)
+    losses, tokens = sentence_losses(model, batches, device, precision)
     loss = sum(losses) / sum(tokens)
     (out / f"{testset}.loss.tsv").write_text(
         "".join(f"{x!r}\t{n}\n" for x, n in zip(losses, tokens, strict=True)), "utf-8")
     metrics, timings = {"loss": loss, "ppl": math.exp(loss)}, {"sentences": len(pairs)}
     for method in ("greedy", "beam"):
         start = time.perf_counter()
-        ids = translate_batches(model, pairs, DecodeConfig.from_params(ev, method, cap),
-                                desc=f"{testset} {method}")
+        with autocast(device, precision):  # search scores in float32 (log_softmax of .float())
+            ids = translate_batches(model, pairs, DecodeConfig.from_params(ev, method, cap),
+                                    desc=f"{testset} {method}")
         timings[f"seconds_{method}"] = round(time.perf_counter() - start, 3)
         hypotheses = [tgt_codec.decode(h) for h in ids]
         (out / f"{testset}.{method}.txt").write_text(
@@ -83,12 +85,13 @@ def score_testset(model, pairs, references: list[str], tgt_codec, ev: dict, cap:
 
 
 @torch.inference_mode()
-def sentence_losses(model, batches, device) -> tuple[list[float], list[int]]:
+def sentence_losses(model, batches, device, precision: str = "auto") -> tuple[list[float],
+                                                                             list[int]]:
     """Summed cross-entropy (nats) and target tokens of every sentence, in order."""
     model.eval()
     losses, tokens = [], []
     for src, tgt in batches:
-        loss, _ = token_loss(model, src, tgt, device, reduction="none")  # (B,)
+        loss, _ = token_loss(model, src, tgt, device, reduction="none", precision=precision)
         losses += loss.double().cpu().tolist()
         tokens += (tgt[:, 1:] != PAD_ID).sum(dim=1).tolist()
     return losses, tokens
@@ -105,32 +108,35 @@ def evaluate(settings: dict, paths: Paths) -> dict:
     """Stage evaluate: score the run's best.pt on every test set; write metrics.json (numbers
     people compare), evaluation.json (what produced them), translations/ and attention.json.
     settings: the resolved recipe (evaluate, data.target_lang; model and train, which best.pt
-    must have been trained with)."""
+    must have been trained with; a model is scored in the train.precision it was trained in)."""
     run, files = Run.parse(paths.run.folder.name), paths.run
     device = pick_device(settings["train"]["device"])
     bound_gpu_memory(device)
+    precision = resolve_precision(settings["train"]["precision"], device)
     model, ckpt = load(files.best, device, expect=run, settings=settings)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("read %s: %s model of recipe %s, %d parameters, on %s", files.best,
-             ckpt["model"], ckpt["recipe"], n_params, device)
+    log.info("read %s: %s model of recipe %s, %d parameters, on %s in %s", files.best,
+             ckpt["model"], ckpt["recipe"], n_params, device, precision)
     codecs = (src_codec, tgt_codec)
     with atomic_dir(files.translations) as out:
         metrics, timings, attention = score_testsets(model, codecs, settings, paths.tokenized,
-                                                     ckpt["model_config"]["max_len"], out)
+                                                     ckpt["model_config"]["max_len"], out,
+                                                     precision)
     log.info("wrote %s", files.translations)
     write_json(files.attention, attention)
     write_json(files.evaluation, {
         "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
-        "params": n_params, "signature": signatures(), "testsets": timings})
+        "params": n_params, "device": str(device), "precision": precision,
+        "signature": signatures(), "testsets": timings})
     write_json(files.metrics, metrics)
     log.info("wrote %s and evaluation.json", files.metrics)
     return metrics
 
 
 def score_testsets(model, codecs: tuple, settings: dict, tokenized: Path, max_len: int,
-                   out: Path) -> tuple[dict, dict, dict]:
+                   out: Path, precision: str) -> tuple[dict, dict, dict]:
     """score_testset for each of evaluate.testsets, and the attention example from the first:
     (metrics, timings, attention), both dicts by test set."""
     (src_codec, tgt_codec), ev = codecs, settings["evaluate"]
@@ -145,11 +151,12 @@ def score_testsets(model, codecs: tuple, settings: dict, tokenized: Path, max_le
                            "sources (fix: re-run `nmt tokenize`)")
         log.info("read %s: %d sentences", testset, len(pairs))
         m, timings[testset], ids = score_testset(model, pairs, references, tgt_codec, ev,
-                                                 max_len - 1, out, testset)
+                                                 max_len - 1, out, testset, precision)
         metrics[testset] = m
         if testset == ev["testsets"][0]:  # the report draws this sentence's attention
             i = min(ev["attention_example"], len(pairs) - 1)
-            attention = attention_example(model, pairs[i][0], ids[i], src_codec, tgt_codec)
+            with autocast(next(model.parameters()).device, precision):
+                attention = attention_example(model, pairs[i][0], ids[i], src_codec, tgt_codec)
         log.info("%s: loss %.4f, ppl %.2f, BLEU %.2f (greedy %.2f), chrF %.2f", testset,
                  m["loss"], m["ppl"], m["bleu"], m["bleu_greedy"], m["chrf"])
     return metrics, timings, attention

@@ -390,8 +390,24 @@ def training_section(inp: Inputs, figures: dict[str, str]) -> list[str]:
          "s/epoch": r["train"]["seconds_per_epoch"],
          "train tokens/s": r["train"]["tokens_per_second"],
          f"beam s ({testset})": r["evaluation"]["testsets"][testset]["seconds_beam"]}
-        for run, r in inp.runs.items()])
-    return lines + [md_table(speed, ".3f"), ""] + bench_lines(inp)
+        | machine_columns(r["train"]) for run, r in inp.runs.items()])
+    return lines + [md_table(speed, ".3f"), ""] + machine_note(inp) + bench_lines(inp)
+
+
+def machine_columns(summary: dict) -> dict:
+    """train.json's device report as table columns ("-" for a run trained before it)."""
+    compiled = summary.get("compile")
+    return {"precision": summary.get("precision", "-"),
+            "compile s": summary.get("compile_seconds", "-") if compiled else "off",
+            "peak MB": summary.get("peak_memory_mb", "-")}
+
+
+def machine_note(inp: Inputs) -> list[str]:
+    """The devices the runs trained on, by name, and what their peak memory measures."""
+    seen = sorted({f"{r['train']['device_name']} (peak memory: {r['train']['peak_memory_of']})"
+                   for r in inp.runs.values() if "device_name" in r["train"]})
+    return [f"Trained on: {'; '.join(seen)}. Epoch 1's seconds include the compile time.", ""] \
+        if seen else []
 
 
 def bench_lines(inp: Inputs) -> list[str]:

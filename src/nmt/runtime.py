@@ -1,11 +1,15 @@
 """What training, evaluation and the benchmark share: device choice, a bound on CUDA memory,
-seeding, bf16 autocast and the token-level loss under teacher forcing."""
+seeding, bf16 autocast, the token-level loss under teacher forcing, and what a run reports
+about its machine."""
 
 from __future__ import annotations
 
 import logging
 import os
+import platform
 import random
+import resource
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -63,19 +67,34 @@ def seed_everything(seed: int) -> None:
     torch.cuda.manual_seed_all(seed)
 
 
-def autocast(device: torch.device):
-    """bf16 autocast on CUDA (tensor cores, no loss scaling needed); a no-op on CPU."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.device(device).type == "cuda")
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """train.precision on a device: `auto` is bf16 on a CUDA GPU that has it (tensor cores,
+    and bf16's float32 range needs no loss scaling), fp32 elsewhere; bf16 and fp32 as given
+    (bf16 autocast runs on the CPU too, which is how the tests cover the GPU's path)."""
+    if precision != "auto":
+        return precision
+    cuda = torch.device(device).type == "cuda"
+    return "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
 
 
-def token_loss(model, src, tgt, device, label_smoothing: float = 0.0, reduction: str = "sum"):
+def autocast(device: torch.device, precision: str = "auto"):
+    """bf16 autocast when the precision resolves to bf16 (matmuls and attention in bf16,
+    reductions and the loss in float32); a no-op for fp32."""
+    device = torch.device(device)
+    return torch.autocast(device.type, dtype=torch.bfloat16,
+                          enabled=resolve_precision(precision, device) == "bf16")
+
+
+def token_loss(model, src, tgt, device, label_smoothing: float = 0.0, reduction: str = "sum",
+               precision: str = "auto"):
     """(loss, target tokens) of one batch under teacher forcing; pads ignored.
 
     reduction "sum": one summed loss; "none": a (B,) loss per sentence (summed over its tokens).
+    The forward pass runs under `precision` (resolve_precision); the loss is float32 or wider.
     """
     src, tgt = src.to(device, non_blocking=True), tgt.to(device, non_blocking=True)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    with autocast(device):
+    with autocast(device, precision):
         logits = model(src, tgt_in)  # (B, T, V)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up, fp64 kept
     loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID,
@@ -87,7 +106,7 @@ def token_loss(model, src, tgt, device, label_smoothing: float = 0.0, reduction:
 
 
 @torch.inference_mode()
-def corpus_loss(model, batches, device, reduce=None) -> float:
+def corpus_loss(model, batches, device, reduce=None, precision: str = "auto") -> float:
     """Per-token cross-entropy over (src, tgt) batches: no label smoothing, no dropout (the
     model's mode is restored after). The loss sums in float64; `reduce` (training's
     World.sum: every rank's share) combines [summed loss, tokens] before the division."""
@@ -96,10 +115,37 @@ def corpus_loss(model, batches, device, reduce=None) -> float:
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = torch.zeros((), dtype=torch.long, device=device)
     for src, tgt in batches:
-        loss, n = token_loss(model, src, tgt, device)
+        loss, n = token_loss(model, src, tgt, device, precision=precision)
         total += loss
         count += n
     model.train(was_training)
     sums = torch.stack([total, count.double()])
     total, count = (sums if reduce is None else reduce(sums)).tolist()
     return total / count
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name (`NVIDIA H100 80GB HBM3`), or the CPU's with its core count."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:  # Linux names the CPU model here; platform.processor() is often empty
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        name = next(line.split(":", 1)[1].strip() for line in lines
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        name = platform.machine()
+    return f"{name} (CPU, {torch.get_num_threads()} threads)"
+
+
+def peak_memory(device: torch.device) -> dict:
+    """The run's peak memory in MB and what was measured: on CUDA the tensors' peak
+    (torch.cuda.max_memory_allocated, the number that must fit the GPU); on the CPU the
+    process's peak resident set (getrusage's ru_maxrss, KiB on Linux), Python and torch
+    included, since the CPU allocator keeps no such count."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return {"peak_memory_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
+                "peak_memory_of": "cuda max_memory_allocated"}
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"peak_memory_mb": round(rss_kib / 1024, 1), "peak_memory_of": "process peak RSS"}

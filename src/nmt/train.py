@@ -39,7 +39,15 @@ from nmt.errors import FULL, DiskFull, NmtError
 from nmt.files import write_json, write_text
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run, RunFiles
-from nmt.runtime import bound_gpu_memory, corpus_loss, seed_everything, token_loss
+from nmt.runtime import (
+    bound_gpu_memory,
+    corpus_loss,
+    device_name,
+    peak_memory,
+    resolve_precision,
+    seed_everything,
+    token_loss,
+)
 from nmt.vocab import PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.train")
@@ -69,7 +77,9 @@ class TrainConfig:
     average_last: int  # 0: off; else also validate the mean of the last N epochs' weights
     patience: int  # 0: every epoch; else stop after N epochs without a better valid loss
     device: str  # auto (CUDA when present), cpu, cuda[:N]
-    compile: bool  # torch.compile the model (CUDA only)
+    precision: str  # auto (bf16 on CUDA, fp32 on CPU), bf16 (autocast), fp32
+    compile: bool  # torch.compile the model (inductor; CPU too), for dynamic shapes
+    pad_multiple: int  # batch lengths padded up to a multiple of this (1: off)
     accumulate: int  # micro-batches an optimizer update (gradient accumulation)
     devices: int  # processes one run trains on (DDP under torchrun)
     save_every_minutes: float  # 0: a resume state every epoch; else also every M minutes
@@ -117,6 +127,7 @@ class Trainer:
     paths: Paths
     world: World  # this process's rank of how many (one process: 0 of 1)
     device: torch.device
+    precision: str  # bf16 or fp32: train.precision resolved on the device
     model: torch.nn.Module  # the weights
     ddp: torch.nn.Module  # the model, wrapped in DistributedDataParallel under torchrun
     step_model: torch.nn.Module  # what a training step calls: ddp, maybe compiled
@@ -259,6 +270,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     seed_everything(run.seed)  # the same initial weights on every rank
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (optimizer) on tensor cores
+        torch.cuda.reset_peak_memory_stats(device)  # train.json's peak is this run's
 
     src_codec, tgt_codec = load_codecs(paths.vocab)
     model_config = ModelConfig.from_dict(settings["model"])
@@ -270,8 +282,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         torch.manual_seed(run.seed + 1_000_003 * world.rank)
     ddp = distributed.wrap(model, world, device)
     # Batch shapes vary with sentence length: compile once for dynamic shapes, not per length.
-    step_model = (torch.compile(ddp, dynamic=True) if config.compile and device.type == "cuda"
-                  else ddp)
+    step_model = compiled(ddp) if config.compile else ddp
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=config.betas,
                                  eps=config.eps, fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -283,13 +294,31 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         "n_params": sum(p.numel() for p in model.parameters()), "seed": run.seed,
         "vocab_sha256": checkpoint.vocab_fingerprint(paths.vocab)}
     trainer = Trainer(
-        config=config, paths=paths, world=world, device=device, model=model, ddp=ddp,
+        config=config, paths=paths, world=world, device=device,
+        precision=resolve_precision(config.precision, device), model=model, ddp=ddp,
         step_model=step_model, optimizer=optimizer, scheduler=scheduler,
         train_batches=train_batches, valid_batches=valid_batches, checkpoint_meta=checkpoint_meta,
         resume_key=resume.config_key(settings, run.name, run.seed, paths.vocab, world.size))
     on = f"{world.size} processes ({device.type})" if world.group else str(device)
-    log.info("%s: %s parameters on %s", run.name, f"{trainer.n_params:,}", on)
+    log.info("%s: %s parameters on %s, %s%s", run.name, f"{trainer.n_params:,}", on,
+             trainer.precision, ", compiled" if config.compile else "")
     return trainer
+
+
+def compiled(ddp: torch.nn.Module, backend: str = "inductor") -> torch.nn.Module:
+    """torch.compile for dynamic shapes (inductor: Triton on CUDA, C++ via gcc on the CPU):
+    one graph for every batch shape. Duck shaping is off: it gives two sizes that happen to
+    be equal in the first batch (32 sentences of 32 tokens) one symbol, and the first batch
+    where they differ recompiles. Dynamo's caches and counters are cleared first, so
+    machine_report counts this run's compiles."""
+    import torch.fx.experimental._config as shape_config
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compilation_time_metrics.clear()
+    shape_config.use_duck_shape = False  # read when the first batch compiles
+    return torch.compile(ddp, dynamic=True, backend=backend)
 
 
 def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
@@ -301,8 +330,10 @@ def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
     log.info("read %d train / %d valid pairs from %s, vocab %d/%d from %s", len(train_pairs),
              len(valid_pairs), paths.tokenized, len(codecs[0]), len(codecs[1]), paths.vocab)
     sizes = (config.batch_by, config.batch_size, config.max_tokens)
-    return (Batches(train_pairs, *sizes, shuffle=True, seed=seed, bucket=config.bucket),
-            Batches(valid_pairs, *sizes, shuffle=False))
+    padding = {"pad_multiple": config.pad_multiple, "max_len": max_len}
+    return (Batches(train_pairs, *sizes, shuffle=True, seed=seed, bucket=config.bucket,
+                    **padding),
+            Batches(valid_pairs, *sizes, shuffle=False, **padding))
 
 
 def check_room(files: RunFiles, n_params: int, average_last: int) -> None:
@@ -469,7 +500,8 @@ def update(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for i, (src, tgt, real) in enumerate(micro):
         with distributed.no_sync(trainer.ddp, skip=i < len(micro) - 1):  # all-reduce on the last
-            loss, _ = token_loss(trainer.step_model, src, tgt, device, config.label_smoothing)
+            loss, _ = token_loss(trainer.step_model, src, tgt, device, config.label_smoothing,
+                                 precision=trainer.precision)
             # DDP averages gradients over ranks; x world size makes it their sum.
             ((loss if real else loss * 0.0) / total * world.size).backward()
         if real:
@@ -506,7 +538,7 @@ def validate(trainer: Trainer) -> float:
     batches, world = trainer.valid_batches, trainer.world
     mine = (batches.batch(idx) for idx in batches.indices()[world.rank :: world.size])
     return corpus_loss(trainer.model, after_first(mine, "valid", trainer.validations),
-                       trainer.device, reduce=world.sum)
+                       trainer.device, reduce=world.sum, precision=trainer.precision)
 
 
 def after_first(items, point: str, count: int):
@@ -634,8 +666,27 @@ def summarize(trainer: Trainer, progress: Progress, averaged: float | None) -> d
         "seconds_per_epoch": round(sum(r["seconds"] for r in history) / len(history), 2),
         "tokens_per_second": round(sum(r["tokens_per_second"] for r in history) / len(history)),
         "train_pairs": len(trainer.train_batches.pairs),
+        **machine_report(trainer),
         "config": trainer.checkpoint_meta["params"],  # the settings the checkpoints record
     }
+
+
+def machine_report(trainer: Trainer) -> dict:
+    """What a result needs to explain its speed: the device's name, the precision, compile
+    on/off and its cost, the peak memory (runtime.peak_memory says what is measured). The
+    compile figures are dynamo's own (torch._dynamo.utils, not a public API): this process's
+    seconds compiling (forward and backward graphs, every recompile; a resumed run counts its
+    own) and the graphs compiled (1 when dynamic shapes cover every batch, more on a
+    recompile or a graph break). Epoch 1's seconds include the compile time."""
+    report = {"device_name": device_name(trainer.device), "precision": trainer.precision,
+              "compile": trainer.config.compile}
+    if trainer.config.compile:
+        from torch._dynamo.utils import compilation_time_metrics, counters
+
+        report["compile_seconds"] = round(
+            sum(compilation_time_metrics.get("_compile.compile_inner", [])), 2)
+        report["compiled_graphs"] = counters["stats"]["unique_graphs"]
+    return report | peak_memory(trainer.device)
 
 
 def write_history(path: Path, rows: list[dict]) -> None:

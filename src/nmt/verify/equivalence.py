@@ -2,7 +2,8 @@
 
 The baseline is built with seeded weights and the scratch model receives the same weights
 through models.mapping, so every difference measured below is a difference of the code.
-run_checks() takes the checklist, float32 and float64, then the training trajectory, and
+run_checks() takes the checklist, float32, float64 and bf16 autocast, then the training
+trajectory, and
 appends the decoder-only model's property checks (nmt.verify.decoder_only). It returns
 {"passed", "checks": [{"name", "passed", "max_abs_diff", "tolerance", "seconds"}], "config",
 "trajectory"}; print_table() shows it.
@@ -188,6 +189,10 @@ def pair_checks(checklist: Checklist, pair, unpadded, padded, pad_id: int) -> No
     for dtype in (torch.float32, torch.float64):
         dtype_checks(checklist, baseline.to(dtype), scratch.to(dtype), dtype, unpadded, padded,
                      pad_id)
+    # float32 weights under bf16 autocast: the path train.precision bf16 runs on a GPU.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dtype_checks(checklist, baseline.float(), scratch.float(), torch.bfloat16, unpadded,
+                     padded, pad_id)
 
 
 def run_config(cfg, tcfg, src_vocab_size, tgt_vocab_size, pad_id, seed, unpadded,
