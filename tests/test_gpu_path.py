@@ -169,7 +169,7 @@ def test_evaluate_scores_in_the_precision_trained_in(data, tmp_path):
     fit(data, tmp_path, "run", precision="bf16", epochs=1)
     scores = {}
     for precision in ("bf16", "fp32"):
-        settings = tiny_params(precision=precision)
+        settings = tiny_params(precision=precision, epochs=1)  # the run's own settings
         settings["evaluate"] |= {"testsets": ["test_2016_flickr"], "beam_size": 2,
                                  "batch_size": 100}
         files = RUN.files(tmp_path / "run")
