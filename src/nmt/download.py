@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.errors import FULL, NmtError
-from nmt.files import atomic_dir
+from nmt.files import atomic_dir, sha256
 
 log = logging.getLogger("nmt.download")
 
@@ -26,14 +25,6 @@ def read_sums(path: Path) -> dict[str, str]:
         raise NmtError(f"{path} is missing (fix: restore it from the repository)")
     return {name: digest for digest, name in
             (line.split() for line in Path(path).read_text().splitlines() if line.strip())}
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def sources() -> list[str]:

@@ -13,6 +13,7 @@ no handling of their own.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -109,3 +110,12 @@ def write_json(path: str | Path, obj) -> None:
 
 def read_json(path: str | Path):
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks (download and preflight check pins)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -10,12 +10,12 @@ has no GPU). Every problem is one NmtError line naming the fix.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from nmt.errors import NmtError
+from nmt.files import sha256
 from nmt.recipes import resolve
 
 SUMS = Path("workflow/multi30k.sha256")  # `sha256  <split>.<lang>.gz`: the pinned raw files
@@ -111,10 +111,3 @@ def damaged(path: Path, why: str, folder: Path) -> NmtError:
     return NmtError(f"{path}: changed since its stage wrote it: {why} (fix: rm -r {folder}, "
                     "then run snakemake again; it re-creates the folder and what depends on it)")
 
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
