@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from nmt.data import Batches, load_pairs
 from nmt.errors import NmtError
 from nmt.runs import Run
 from nmt.runtime import corpus_loss
-from nmt.train import long_run_note, lr_factor, train
+from nmt.train import expected_minutes, lr_factor, train
 from nmt.vocab import load_codecs
 from train_helpers import nmt_process, params_file, tiny_data, tiny_params, train_argv, train_paths
 
@@ -46,6 +47,27 @@ def test_lr_factor_values():
         0.25, 0.5, 0.75, 1.0, math.sqrt(4 / 5), math.sqrt(4 / 6), math.sqrt(4 / 7), 0.5 ** 0.5]
     assert lr_factor(0, 4) == lr_factor(1, 4) == 0.25  # the first update never runs at lr 0
     assert lr_factor(400, 100) == 0.5
+
+
+def test_linear_and_cosine_decay_to_zero_over_the_run():
+    for schedule in ("linear", "cosine"):
+        curve = [lr_factor(s, 4, schedule, total=20) for s in range(1, 21)]
+        assert curve[:4] == [0.25, 0.5, 0.75, 1.0]  # the same warmup
+        assert all(a > b for a, b in zip(curve[3:], curve[4:], strict=False))  # then falls
+        assert curve[-1] == 0.0 and lr_factor(25, 4, schedule, total=20) == 0.0
+    assert lr_factor(12, 4, "linear", total=20) == 0.5  # halfway from the peak to the end
+    assert lr_factor(12, 4, "cosine", total=20) == pytest.approx(0.5)
+    assert lr_factor(8, 4, "cosine", total=20) > lr_factor(8, 4, "linear", total=20)
+    assert [lr_factor(s, 0, "linear", total=4) for s in (1, 2, 3, 4)] == [0.75, 0.5, 0.25, 0.0]
+
+
+def test_max_updates_cuts_the_last_epoch_and_ends_the_decay_at_zero(data, tmp_path):
+    # 200 pairs / 32 = 7 updates an epoch: 10 updates are one epoch and 3 of the next.
+    summary, history = fit(data, tmp_path, "budget", epochs=1, max_updates=10, warmup_steps=2,
+                           schedule="linear")
+    assert summary["updates"] == 10 and summary["epochs"] == 2
+    assert [float(r["lr"]) for r in history] == [1.0e-3 * lr_factor(8, 2, "linear", 10), 0.0]
+    assert summary["train_minutes"] > 0
 
 
 def test_schedule_counts_updates_not_micro_batches(data, tmp_path):
@@ -152,9 +174,16 @@ def test_unwritable_or_full_results_folder_is_one_line(data, tmp_path, mount, co
     assert "epoch 1" not in proc.stderr  # stopped before training
 
 
-def test_long_cpu_run_note():
-    assert long_run_note(0.5, 100, 15) is None  # 50 s an epoch, 12.5 min in all
-    note = long_run_note(2.0, 907, 15)
-    assert note.startswith("on the CPU this run takes about 30 min an epoch, 7.6 h for 15 "
-                           "epochs; for a quick run use a smaller recipe")
-    assert "make demo" in note and "data.max_train_pairs" in note
+def test_expected_minutes_line():
+    def line(per_update, step, total, per_epoch):
+        trainer = SimpleNamespace(total_updates=total, updates_per_epoch=per_epoch,
+                                  epochs=math.ceil(total / per_epoch))
+        return expected_minutes(per_update, trainer, SimpleNamespace(step=step))
+
+    assert line(0.5, 20, 1500, 100) == ("training takes about 50 s an epoch here, 12 min for "
+                                        "the 1480 updates left (1500 in all, 15 epochs)")
+    note = line(2.0, 20, 907 * 15, 907)
+    assert note.startswith("training takes about 30 min an epoch here, 7.5 h for the 13585 "
+                           "updates left (13605 in all, 15 epochs); for a quick run use a "
+                           "smaller recipe")
+    assert "make demo" in note and "train.max_updates" in note

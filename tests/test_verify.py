@@ -11,6 +11,7 @@ from nmt.models import ModelConfig
 from nmt.models.scratch import attention as scratch_attention
 from nmt.models.scratch import embedding as scratch_embedding
 from nmt.models.scratch import transformer as scratch_transformer
+from nmt.models.scratch.decoder import DecoderLayer
 from nmt.verify import equivalence
 from synthetic import synthetic_batches
 
@@ -48,6 +49,22 @@ def test_unbroken_model_passes_everything(batches, capsys):
     verify.print_table(result)
     out = capsys.readouterr().out
     assert "training trajectory (float64)" in out and "max_abs_diff" in out
+
+
+def test_both_layer_norm_placements_are_checked(batches, monkeypatch):
+    """The recipe's norm_first and the other one: a bug only in pre-norm fails only those."""
+    _, passed = run(batches)
+    pre = {n: ok for n, ok in passed.items() if n.startswith("norm_first True: ")}
+    assert "norm_first True: logits (float64)" in pre and all(pre.values())
+
+    def cross_attention_reads_unnormed(self, x, norm):  # the pre-norm decoder's second norm lost
+        return x if norm is self.norm2 else (norm(x) if self.norm_first else x)
+
+    monkeypatch.setattr(DecoderLayer, "sublayer_input", cross_attention_reads_unnormed)
+    result, passed = run(batches)
+    assert not result["passed"]
+    assert not passed["norm_first True: logits (float64)"]
+    assert passed["logits (float64)"]  # post-norm, the recipe's, never reads sublayer_input
 
 
 def test_run_checks_is_deterministic(batches):

@@ -24,7 +24,8 @@ TINY_MODEL = {"num_encoder_layers": 1, "num_decoder_layers": 1, "d_model": 32, "
 TINY_TRAIN = {"epochs": 3, "batch_size": 32, "lr": 1.0e-3, "device": "cpu"}
 # train.json's values that differ between two processes of identical numbers: wall-clock,
 # the process's peak memory and its compile time.
-SUMMARY_TIMING = ("seconds_per_epoch", "tokens_per_second", "peak_memory_mb", "compile_seconds")
+SUMMARY_TIMING = ("seconds_per_epoch", "train_minutes", "tokens_per_second", "peak_memory_mb",
+                  "compile_seconds")
 
 
 def tiny_data(prepared: dict, dest: Path, train: int = 300, val: int = 100) -> dict:

@@ -97,12 +97,16 @@ def check_semantics(params: dict) -> None:
                 f"(fix: add recipes.{name} or use one of: {known})"
             )
     for name, recipe in params["recipes"].items():
-        if recipe.get("ablation_of", name) not in params["recipes"] or (
-                "ablation_of" in recipe) != ("removes" in recipe):
-            raise NmtError(
-                f"params.yaml: recipes.{name}: an ablation needs both ablation_of (an existing "
-                "recipe) and removes (fix: set both, or neither)"
-            )
+        for base, what, kind in (("ablation_of", "removes", "an ablation"),
+                                 ("step_of", "adds", "a search step")):
+            if recipe.get(base, name) not in params["recipes"] or (
+                    base in recipe) != (what in recipe):
+                raise NmtError(
+                    f"params.yaml: recipes.{name}: {kind} needs both {base} (an existing "
+                    f"recipe) and {what} (fix: set both, or neither)")
+        if "ablation_of" in recipe and "step_of" in recipe:
+            raise NmtError(f"params.yaml: recipes.{name}: a recipe builds on one other "
+                           "(fix: keep ablation_of or step_of, not both)")
     if params["bench"]["recipe"] not in params["pipeline"]["recipes"]:
         raise NmtError(
             f"params.yaml: bench.recipe {params['bench']['recipe']!r} is not in pipeline.recipes "

@@ -2,7 +2,8 @@
 
 `resolve(params, "tuned")` is what every recipe stage runs with (the config stage writes it to
 params/<recipe>.yaml). An ablation (`ablation_of`, `removes`) inherits its base recipe's
-overrides, then applies its own.
+overrides, then applies its own; so does a search step (`step_of`, `adds`), which adds
+one ingredient to the step before it.
 """
 
 from __future__ import annotations
@@ -27,13 +28,20 @@ def resolve(params: dict, recipe: str) -> dict[str, Any]:
     return merge(resolved, overrides(params, recipe))
 
 
+def builds_on(recipe: dict) -> str | None:
+    """The recipe whose overrides this one starts from: ablation_of or step_of (or None)."""
+    return recipe.get("ablation_of") or recipe.get("step_of")
+
+
 def overrides(params: dict, recipe: str, seen: tuple = ()) -> dict:
-    """What a recipe changes: its ablation_of recipe's overrides, then its own sections."""
+    """What a recipe changes: its base recipe's overrides (ablation_of, step_of), then its
+    own sections."""
     if recipe in seen:
-        raise NmtError(f"params.yaml: recipes.{recipe}: ablation_of goes round in a circle "
-                       f"({' -> '.join(seen + (recipe,))}) (fix: point it at a full recipe)")
+        raise NmtError(f"params.yaml: recipes.{recipe}: ablation_of/step_of goes round in a "
+                       f"circle ({' -> '.join(seen + (recipe,))}) (fix: point it at a full "
+                       "recipe)")
     r = params["recipes"][recipe]
-    base = overrides(params, r["ablation_of"], seen + (recipe,)) if "ablation_of" in r else {}
+    base = overrides(params, builds_on(r), seen + (recipe,)) if builds_on(r) else {}
     return merge(base, {k: v for k, v in r.items() if k in RECIPE_SECTIONS})
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from sacrebleu.metrics import BLEU
 from tqdm import tqdm
 
 from nmt import checkpoint, distributed, resume
@@ -40,6 +41,7 @@ from nmt.files import write_json, write_text
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run, RunFiles
 from nmt.runtime import (
+    autocast,
     bound_gpu_memory,
     corpus_loss,
     device_name,
@@ -48,6 +50,8 @@ from nmt.runtime import (
     seed_everything,
     token_loss,
 )
+from nmt.search import DecodeConfig, translate_batches
+from nmt.text import read_lines
 from nmt.vocab import PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.train")
@@ -71,7 +75,9 @@ class TrainConfig:
     lr: float  # the peak learning rate
     betas: tuple[float, float]  # Adam's
     eps: float  # Adam's
-    warmup_steps: int  # 0: constant lr; else linear warmup, then inverse-sqrt decay
+    max_updates: int  # 0: `epochs` epochs; else exactly this many updates (the last epoch cut)
+    warmup_steps: int  # linear warmup over these updates (0: none)
+    schedule: str  # after warmup: inverse_sqrt (0 warmup: constant), or linear/cosine to zero
     label_smoothing: float
     clip_grad_norm: float  # 0: off
     average_last: int  # 0: off; else also validate the mean of the last N epochs' weights
@@ -100,12 +106,17 @@ class Paths:
     run: RunFiles  # results/<recipe>-<model>-s<seed>/, whose name is the run's
 
 
-def lr_factor(step: int, warmup: int) -> float:
-    """Linear warmup to the peak lr, then inverse-sqrt decay; constant when warmup is 0."""
-    if warmup == 0:
-        return 1.0
+def lr_factor(step: int, warmup: int, schedule: str = "inverse_sqrt", total: int = 0) -> float:
+    """The lr of update `step` (1-based) as a fraction of the peak: a linear warmup over
+    `warmup` updates, then inverse_sqrt decay (constant when warmup is 0), or a linear or
+    cosine decay that reaches zero after update `total`."""
     step = max(step, 1)
-    return min(step / warmup, math.sqrt(warmup / step))
+    if step < warmup:
+        return step / warmup
+    if schedule == "inverse_sqrt":
+        return math.sqrt(warmup / step) if warmup else 1.0
+    left = max(total - step, 0) / max(total - warmup, 1)  # 1 at the peak, 0 at the end
+    return left if schedule == "linear" else 0.5 * (1 - math.cos(math.pi * left))
 
 
 def average_states(states: list[dict]) -> dict:
@@ -132,9 +143,10 @@ class Trainer:
     ddp: torch.nn.Module  # the model, wrapped in DistributedDataParallel under torchrun
     step_model: torch.nn.Module  # what a training step calls: ddp, maybe compiled
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None  # set once the Trainer knows its updates
     train_batches: Batches
     valid_batches: Batches
+    valid_references: Path  # the validation split's raw target lines (for its BLEU)
     # What best.pt and last.pt record besides the weights (checkpoint.save's keywords): the
     # model's name, config and vocabulary sizes, the model and train settings, the seed, ...
     checkpoint_meta: dict
@@ -163,7 +175,13 @@ class Trainer:
 
     @property
     def total_updates(self) -> int:
-        return self.updates_per_epoch * self.config.epochs
+        """The run's optimizer updates: train.max_updates, else `epochs` full epochs."""
+        return self.config.max_updates or self.updates_per_epoch * self.config.epochs
+
+    @property
+    def epochs(self) -> int:
+        """The epochs the run trains (with max_updates: the last one cut short)."""
+        return math.ceil(self.total_updates / self.updates_per_epoch)
 
     def save_due(self) -> bool:
         minutes = self.config.save_every_minutes
@@ -181,6 +199,7 @@ class Progress:
     loss_sum: float = 0.0  # this epoch's summed training token loss so far
     tokens: int = 0  # ... and its target tokens
     seconds: float = 0.0  # training time spent on this epoch so far
+    valid_seconds: float = 0.0  # time spent validating, every epoch so far
     history: list[dict] = field(default_factory=list)  # one row a finished epoch
     best_loss: float = math.inf
     best_epoch: int = 0  # the epoch of the best weights (0: none yet; an average: its last)
@@ -190,8 +209,10 @@ class Progress:
     recent: list[dict] = field(default_factory=list)  # the last average_last epochs' weights
 
     def done(self, config: TrainConfig) -> bool:
-        """Every epoch trained, or patience ran out."""
+        """Every epoch (or max_updates update) trained, or patience ran out."""
         out_of_patience = bool(config.patience and self.stale >= config.patience)
+        if config.max_updates:
+            return self.step >= config.max_updates or out_of_patience
         return self.epoch > config.epochs or out_of_patience
 
     def where(self, trainer: Trainer) -> str:
@@ -251,7 +272,9 @@ def fit(trainer: Trainer, progress: Progress) -> None:
                     meter.close()
                     break  # the epoch unfinished; its resume state is written
                 meter.show(progress)
-            else:  # every update of the epoch done
+                if progress.step == config.max_updates:
+                    break  # the budget ends this epoch early; it is validated below
+            if not stop.signum:  # every update of the epoch (or of the budget) done
                 meter.close()
                 end_epoch(trainer, meter.read(progress))  # validation, best weights, patience
                 save_state(trainer, progress)
@@ -285,8 +308,6 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     step_model = compiled(ddp) if config.compile else ddp
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=config.betas,
                                  eps=config.eps, fused=device.type == "cuda")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s + 1, config.warmup_steps))
     checkpoint_meta = {
         "name": run.model, "recipe": run.recipe, "cfg": model_config,
         "src_vocab_size": vocab_sizes[0], "tgt_vocab_size": vocab_sizes[1],
@@ -296,9 +317,14 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     trainer = Trainer(
         config=config, paths=paths, world=world, device=device,
         precision=resolve_precision(config.precision, device), model=model, ddp=ddp,
-        step_model=step_model, optimizer=optimizer, scheduler=scheduler,
-        train_batches=train_batches, valid_batches=valid_batches, checkpoint_meta=checkpoint_meta,
+        step_model=step_model, optimizer=optimizer, scheduler=None,
+        train_batches=train_batches, valid_batches=valid_batches,
+        valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
+        checkpoint_meta=checkpoint_meta,
         resume_key=resume.config_key(settings, run.name, run.seed, paths.vocab, world.size))
+    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(  # over the run's total updates
+        optimizer, lambda s: lr_factor(s + 1, config.warmup_steps, config.schedule,
+                                       trainer.total_updates))
     on = f"{world.size} processes ({device.type})" if world.group else str(device)
     log.info("%s: %s parameters on %s, %s%s", run.name, f"{trainer.n_params:,}", on,
              trainer.precision, ", compiled" if config.compile else "")
@@ -434,7 +460,7 @@ class EpochMeter:
         self.loss_sum = torch.tensor(progress.loss_sum, dtype=torch.float64, device=trainer.device)
         self.tokens = torch.tensor(progress.tokens, dtype=torch.long, device=trainer.device)
         self.bar = tqdm(total=len(trainer.plan(progress.epoch)), initial=progress.batch,
-                        desc=f"epoch {progress.epoch}/{trainer.config.epochs}", unit="batch",
+                        desc=f"epoch {progress.epoch}/{trainer.epochs}", unit="batch",
                         leave=False, disable=not trainer.world.main)
 
     def add(self, loss: torch.Tensor, tokens: int, batches: int) -> None:
@@ -458,22 +484,23 @@ class EpochMeter:
         self.bar.set_postfix(loss=f"{(self.loss_sum / self.tokens).item():.3f}",
                              run_eta=duration(per_update * (trainer.total_updates - progress.step)))
         if updates == SHOW_EVERY and trainer.device.type == "cpu" and trainer.world.main:
-            note = long_run_note(per_update, trainer.updates_per_epoch, trainer.config.epochs)
-            if note:
-                log.warning(note)
+            log.info(expected_minutes(per_update, trainer, progress))
 
     def close(self) -> None:
         self.bar.close()
 
 
-def long_run_note(seconds_per_update: float, updates_per_epoch: int, epochs: int) -> str | None:
-    """On CPU, a warning with the run's duration when it exceeds an hour, and how to shrink it."""
-    epoch = seconds_per_update * updates_per_epoch
-    if epoch * epochs <= 3600:
-        return None
-    return (f"on the CPU this run takes about {duration(epoch)} an epoch, "
-            f"{duration(epoch * epochs)} for {epochs} epochs; for a quick run use a smaller "
-            "recipe (e.g. the demo recipe: make demo) or fewer pairs (data.max_train_pairs)")
+def expected_minutes(seconds_per_update: float, trainer: Trainer, progress: Progress) -> str:
+    """What the run's training will take, measured on its first updates (validation passes
+    not counted); over an hour, how to shrink it."""
+    left = seconds_per_update * (trainer.total_updates - progress.step)
+    line = (f"training takes about {duration(seconds_per_update * trainer.updates_per_epoch)} "
+            f"an epoch here, {duration(left)} for the {trainer.total_updates - progress.step} "
+            f"updates left ({trainer.total_updates} in all, {trainer.epochs} epochs)")
+    if left > 3600:
+        line += ("; for a quick run use a smaller recipe (e.g. the demo recipe: make demo), "
+                 "fewer updates (train.max_updates) or fewer pairs (data.max_train_pairs)")
+    return line
 
 
 def duration(seconds: float) -> str:
@@ -516,8 +543,9 @@ def update(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]
 def end_epoch(trainer: Trainer, progress: Progress) -> None:
     """Validate; record the epoch's row; keep the averaging window and the best weights; count
     the epochs without a better validation loss (patience); move on to the next epoch."""
-    config = trainer.config
+    config, started = trainer.config, time.perf_counter()
     valid_loss = validate(trainer)
+    progress.valid_seconds += time.perf_counter() - started
     progress.history.append(epoch_row(trainer, progress, valid_loss))
     if config.average_last:
         progress.recent = (progress.recent + [cpu_copy(trainer.model)])[-config.average_last:]
@@ -664,11 +692,27 @@ def summarize(trainer: Trainer, progress: Progress, averaged: float | None) -> d
         "best_epoch": progress.best_name, "best_valid_loss": round(progress.best_loss, 5),
         "averaged_valid_loss": averaged, "updates": progress.step,
         "seconds_per_epoch": round(sum(r["seconds"] for r in history) / len(history), 2),
+        # the budget: training and validation passes, interruptions not counted
+        "train_minutes": round((sum(r["seconds"] for r in history) + progress.valid_seconds)
+                               / 60, 2),
         "tokens_per_second": round(sum(r["tokens_per_second"] for r in history) / len(history)),
         "train_pairs": len(trainer.train_batches.pairs),
+        "valid_bleu_greedy": valid_bleu(trainer),
         **machine_report(trainer),
         "config": trainer.checkpoint_meta["params"],  # the settings the checkpoints record
     }
+
+
+def valid_bleu(trainer: Trainer) -> float:
+    """Greedy BLEU (sacreBLEU, detokenized, cased) of the model as it is (the best weights)
+    on the validation split: what recipe choices are made on, never on a test set."""
+    model, codec = trainer.model.eval(), load_codecs(trainer.paths.vocab)[1]
+    decoding = DecodeConfig("greedy", cap=trainer.checkpoint_meta["cfg"].max_len - 1)
+    with torch.inference_mode(), autocast(trainer.device, trainer.precision):
+        ids = translate_batches(model, trainer.valid_batches.pairs, decoding,
+                                desc="valid greedy", progress=trainer.world.main)
+    hypotheses = [codec.decode(h) for h in ids]
+    return round(BLEU().corpus_score(hypotheses, [read_lines(trainer.valid_references)]).score, 2)
 
 
 def machine_report(trainer: Trainer) -> dict:

@@ -145,6 +145,7 @@ rule train:
             "src/nmt/distributed.py",
             "src/nmt/runtime.py",
             "src/nmt/checkpoint.py",
+            "src/nmt/search.py",
             "src/nmt/data.py",
             "src/nmt/vocab.py",
             "src/nmt/text.py",

@@ -2,6 +2,7 @@
 
 import contextlib
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -79,10 +80,12 @@ class BaselineTransformer(nn.Module):
         super().__init__()
         d_model, dropout = cfg.d_model, cfg.dropout
         self.pad_id = pad_id
-        self.transformer = nn.Transformer(
-            d_model=d_model, nhead=cfg.nhead, num_encoder_layers=cfg.num_encoder_layers,
-            num_decoder_layers=cfg.num_decoder_layers, dim_feedforward=cfg.dim_feedforward,
-            dropout=dropout, batch_first=True)
+        with warnings.catch_warnings():  # pre-norm: "nested tensors are not used", as wanted
+            warnings.filterwarnings("ignore", "enable_nested_tensor is True")
+            self.transformer = nn.Transformer(
+                d_model=d_model, nhead=cfg.nhead, num_encoder_layers=cfg.num_encoder_layers,
+                num_decoder_layers=cfg.num_decoder_layers, dim_feedforward=cfg.dim_feedforward,
+                dropout=dropout, batch_first=True, norm_first=cfg.norm_first)
         self.generator = nn.Linear(d_model, tgt_vocab_size)
         self.src_tok_emb = TokenEmbedding(src_vocab_size, d_model)
         self.tgt_tok_emb = TokenEmbedding(tgt_vocab_size, d_model)

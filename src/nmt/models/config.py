@@ -20,6 +20,9 @@ class ModelConfig:
     dim_feedforward: int = 2048
     dropout: float = 0.1
     tie_embeddings: bool = False  # share source, target and generator weights (one vocabulary)
+    # encoder-decoder models: LayerNorm before each sublayer (pre-norm, as nn.Transformer's
+    # norm_first) instead of after the residual sum; decoder_only is always pre-norm
+    norm_first: bool = False
     max_len: int = 256  # positions the sinusoid table covers
     # decoder_only: layers of its one stack (0: as many as match the encoder-decoder's size)
     decoder_only_layers: int = 0

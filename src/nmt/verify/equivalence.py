@@ -3,7 +3,7 @@
 The baseline is built with seeded weights and the scratch model receives the same weights
 through models.mapping, so every difference measured below is a difference of the code.
 run_checks() takes the checklist, float32, float64 and bf16 autocast, then the training
-trajectory, and
+trajectory, then the checklist again with the other LayerNorm placement (model.norm_first), and
 appends the decoder-only model's property checks (nmt.verify.decoder_only). It returns
 {"passed", "checks": [{"name", "passed", "max_abs_diff", "tolerance", "seconds"}], "config",
 "trajectory"}; print_table() shows it.
@@ -226,6 +226,13 @@ def run_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_i
         (diff, curves), seconds = timed(trajectory, tcfg, *vocab, pad_id, train_batches,
                                         TRAJECTORY_STEPS)
         checklist.record("training trajectory (float64)", diff, TRAJECTORY_TOLERANCE, seconds)
+    # The other LayerNorm placement (model.norm_first) is proven equal too, so a recipe may
+    # switch it without a gap in the proof.
+    other = Checklist(prefix=f"norm_first {not cfg.norm_first}: ")
+    with reference_mode(seed):
+        flipped = dataclasses.replace(cfg, norm_first=not cfg.norm_first)
+        pair_checks(other, build_pair(flipped, *vocab, pad_id), unpadded, padded, pad_id)
+    checklist.extend(other.checks)
     checklist.extend(decoder_only.decoder_only_checks(cfg, *vocab, pad_id, train_batches, seed))
     config = run_config(cfg, tcfg, *vocab, pad_id, seed, unpadded, padded)
     config["seconds"] = round(time.perf_counter() - started, 2)

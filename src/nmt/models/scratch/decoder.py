@@ -32,10 +32,13 @@ class KVCache:
 
 
 class DecoderLayer(nn.Module):
-    """Masked self-attention, cross-attention over the memory, feed-forward; each post-norm."""
+    """Masked self-attention, cross-attention over the memory, feed-forward; each post-norm,
+    or pre-norm with norm_first (as in EncoderLayer)."""
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float):
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
+                 norm_first: bool = False):
         super().__init__()
+        self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, nhead, dropout)
         self.cross_attn = MultiHeadAttention(d_model, nhead, dropout)
         self.ff = FeedForward(d_model, dim_feedforward, dropout)
@@ -46,26 +49,35 @@ class DecoderLayer(nn.Module):
         """x: (B, T, D) new target positions; memory_kv: the memory's keys and values;
         past_kv: keys and values of earlier positions when decoding step by step.
         Returns x, this layer's self-attention keys and values (past and new), the weights."""
-        q, k, v = self.self_attn.project_self(x)  # (B, H, T, Dh) each
+        q, k, v = self.self_attn.project_self(self.sublayer_input(x, self.norm1))  # (B,H,T,Dh)
         if past_kv is not None:
             k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
         a, w_self = self.self_attn.attend(q, k, v, tgt_mask, need_weights)
-        x = self.norm1(x + self.dropout1(a))
-        q = self.cross_attn.project_query(x)
+        x = self.residual(x, self.dropout1(a), self.norm1)
+        q = self.cross_attn.project_query(self.sublayer_input(x, self.norm2))
         a, w_cross = self.cross_attn.attend(q, *memory_kv, memory_mask, need_weights)
-        x = self.norm2(x + self.dropout2(a))
-        x = self.norm3(x + self.dropout3(self.ff(x)))
+        x = self.residual(x, self.dropout2(a), self.norm2)
+        ff = self.ff(self.sublayer_input(x, self.norm3))
+        x = self.residual(x, self.dropout3(ff), self.norm3)
         return x, (k, v), (w_self, w_cross)
+
+    def sublayer_input(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        """What a sublayer reads: x, or norm(x) when pre-norm."""
+        return norm(x) if self.norm_first else x
+
+    def residual(self, x: torch.Tensor, update: torch.Tensor, norm: nn.LayerNorm):
+        """x + update, normalized after the sum unless the sublayer's input was (pre-norm)."""
+        return x + update if self.norm_first else norm(x + update)
 
 
 class Decoder(nn.Module):
     """A stack of decoder layers and a final LayerNorm, as nn.TransformerDecoder has."""
 
     def __init__(self, num_layers: int, d_model: int, nhead: int, dim_feedforward: int,
-                 dropout: float):
+                 dropout: float, norm_first: bool = False):
         super().__init__()
-        self.layers = nn.ModuleList(
-            DecoderLayer(d_model, nhead, dim_feedforward, dropout) for _ in range(num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(d_model, nhead, dim_feedforward, dropout,
+                                                 norm_first) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x, memory, tgt_mask, memory_mask, need_weights=False):

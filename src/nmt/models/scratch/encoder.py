@@ -8,10 +8,13 @@ from nmt.models.scratch.feed_forward import FeedForward
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then feed-forward, each as LayerNorm(x + Dropout(sublayer(x)))."""
+    """Self-attention then feed-forward, each as LayerNorm(x + Dropout(sublayer(x))) (post-norm),
+    or with norm_first as x + Dropout(sublayer(LayerNorm(x))) (pre-norm)."""
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float):
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
+                 norm_first: bool = False):
         super().__init__()
+        self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, nhead, dropout)
         self.ff = FeedForward(d_model, dim_feedforward, dropout)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
@@ -19,6 +22,10 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False):
         """x: (B, S, D), mask: (B, 1, 1, S); returns x and the attention weights (or None)."""
+        if self.norm_first:
+            a, weights = self.self_attn(self.norm1(x), mask, need_weights)
+            x = x + self.dropout1(a)
+            return x + self.dropout2(self.ff(self.norm2(x))), weights
         a, weights = self.self_attn(x, mask, need_weights)
         x = self.norm1(x + self.dropout1(a))
         x = self.norm2(x + self.dropout2(self.ff(x)))
@@ -29,10 +36,10 @@ class Encoder(nn.Module):
     """A stack of encoder layers and a final LayerNorm, as nn.TransformerEncoder has."""
 
     def __init__(self, num_layers: int, d_model: int, nhead: int, dim_feedforward: int,
-                 dropout: float):
+                 dropout: float, norm_first: bool = False):
         super().__init__()
-        self.layers = nn.ModuleList(
-            EncoderLayer(d_model, nhead, dim_feedforward, dropout) for _ in range(num_layers))
+        self.layers = nn.ModuleList(EncoderLayer(d_model, nhead, dim_feedforward, dropout,
+                                                 norm_first) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False):

@@ -31,8 +31,8 @@ class ScratchTransformer(nn.Module):
         self.src_embed = Embeddings(src_vocab_size, d_model)
         self.tgt_embed = Embeddings(tgt_vocab_size, d_model)
         self.pos = PositionalEncoding(d_model, dropout, cfg.max_len)
-        self.encoder = Encoder(cfg.num_encoder_layers, d_model, nhead, ff, dropout)
-        self.decoder = Decoder(cfg.num_decoder_layers, d_model, nhead, ff, dropout)
+        self.encoder = Encoder(cfg.num_encoder_layers, d_model, nhead, ff, dropout, cfg.norm_first)
+        self.decoder = Decoder(cfg.num_decoder_layers, d_model, nhead, ff, dropout, cfg.norm_first)
         self.generator = nn.Linear(d_model, tgt_vocab_size)
         if cfg.tie_embeddings:  # one matrix for source, target and output tokens
             self.tgt_embed.token.weight = self.src_embed.token.weight
