@@ -10,6 +10,8 @@ from nmt.params import load_params
 from nmt.recipes import resolve
 from nmt.runs import Run
 
+DEMO_IS = "demo_s0"  # the search step the demo recipe copies
+
 
 def test_repository_params_are_valid():
     params = load_params(REPO / "params.yaml")
@@ -40,6 +42,12 @@ def test_repository_params_are_valid():
         # Limits the schema alone owns (ModelConfig no longer repeats them).
         ({"model": {"dropout": 1.0}}, "model.dropout: 1.0 is greater than or equal to the max"),
         ({"model": {"num_encoder_layers": 0}}, "model.num_encoder_layers: 0 is less than the"),
+        ({"train": {"schedule": "step"}}, "train.schedule: 'step' is not allowed"),
+        ({"recipes": {"published": {}, "x": {"step_of": "published"}}},
+         "recipes.x: a search step needs both step_of (an existing recipe) and adds"),
+        ({"recipes": {"published": {}, "x": {"step_of": "published", "adds": "a",
+                                             "ablation_of": "published", "removes": "b"}}},
+         "recipes.x: a recipe builds on one other"),
     ],
 )
 def test_bad_params_name_the_key_and_the_fix(params_file, edit, expected):
@@ -79,6 +87,17 @@ def test_recipe_overrides_merge_over_the_defaults(params_file):
     assert resolve(params, "published")["model"]["d_model"] == 512
     with pytest.raises(NmtError, match="unknown recipe 'large'"):
         resolve(params, "large")
+
+
+def test_search_steps_add_to_the_step_before_and_demo_is_the_chosen_one():
+    params = load_params(REPO / "params.yaml")
+    s0, s1, s2 = (resolve(params, f"demo_s{k}") for k in range(3))
+    assert s1["train"]["schedule"] == "linear" and s0["train"]["schedule"] == "inverse_sqrt"
+    assert s2["train"]["schedule"] == "linear" and s2["vocab"]["kind"] == "bpe"  # inherited
+    assert s2["model"]["d_model"] == s0["model"]["d_model"] == 128
+    # The demo recipe is the search step chosen on the validation set (README, Results).
+    demo, chosen = resolve(params, "demo"), resolve(params, DEMO_IS)
+    assert all(demo[k] == chosen[k] for k in ("vocab", "model", "train", "evaluate"))
 
 
 def test_every_entry_point_gives_the_same_one_line(tmp_path):

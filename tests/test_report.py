@@ -100,6 +100,7 @@ def fake_run(params: dict, run: Run, results: Path, data: dict) -> None:
         "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
         "device": "cuda:0", "params": 1_000_000, "epochs": epochs, "best_epoch": epochs,
         "best_valid_loss": 1.8, "averaged_valid_loss": None, "seconds_per_epoch": 50.0 + run.seed,
+        "train_minutes": 4.0 + run.seed, "updates": 100 * epochs, "valid_bleu_greedy": 30.0,
         "tokens_per_second": 9000, "train_pairs": 29000, "device_name": "NVIDIA H100 80GB HBM3",
         "precision": "bf16", "compile": True, "compile_seconds": 41.5, "compiled_graphs": 1,
         "peak_memory_mb": 5120.0, "peak_memory_of": "cuda max_memory_allocated", "config": {}})
@@ -271,6 +272,33 @@ def test_one_model_and_its_ablation(tmp_path, mirror):
     assert "## Ablation of `tuned`" in text and "| tuned_no_tying | tied embeddings |" in text
     assert f"Δ scratch {T16}" in text
     assert "The `published` recipe is not in `pipeline.recipes`." in text
+
+
+def test_search_table_lists_every_step_trained_in_chain_order(tmp_path, mirror):
+    """Steps outside pipeline.recipes count too (make demo-search trains them), in the order
+    of their step_of chain, with the validation figures only."""
+    params, paths = fake_tree(tmp_path, mirror, ["tuned"], ["scratch"], [0], [T16])
+    steps = rp.search_steps(params["recipes"])
+    assert steps[0] == "demo_s0" and "step_of" not in params["recipes"]["demo_s0"]
+    assert all(params["recipes"][b]["step_of"] == a for a, b in zip(steps, steps[1:], strict=False))
+    for k, step in enumerate(reversed(steps[:3])):  # written out of order on purpose
+        write_json(paths["results"] / f"{step}-scratch-s0" / "train.json", {
+            "model": "scratch", "seed": 0, "params": 1000, "updates": 900, "epochs": 9,
+            "train_minutes": 9.5, "best_valid_loss": 2.5 - k / 10, "valid_bleu_greedy": 25 + k})
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    text = (paths["reports"] / "report.md").read_text("utf-8")
+    section = text.split("## Recipe search (validation set only)")[1].split("\n## ")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| demo_s")]
+    assert [r[0] for r in rows] == steps[:3]
+    assert rows[0][1] == "(the start)" and rows[1][1] == params["recipes"][steps[1]]["adds"]
+    assert rows[0][-4:] == ["9.5", "2.3000", "27.00", "-"]  # minutes, valid loss and BLEU
+    assert [r[-1] for r in rows[1:]] == ["-1.00", "-1.00"]  # what each step bought
+
+
+def test_no_search_table_without_search_runs(full):
+    assert "## Recipe search" not in full[0]
 
 
 def test_a_missing_run_file_is_one_clear_error(tmp_path, mirror):

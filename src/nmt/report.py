@@ -34,7 +34,8 @@ log = logging.getLogger("nmt.report")
 PUBLISHED = {"baseline": {"loss": 2.0176, "seconds_per_epoch": "52-53"},
              "scratch": {"loss": 2.0239, "seconds_per_epoch": "55-56"}}
 METRICS = ["loss", "ppl", "bleu", "bleu_greedy", "chrf", "chrf_greedy"]
-COLUMNS = ["recipe", "model", "testset", "seed", *METRICS, "params", "seconds_per_epoch"]
+COLUMNS = ["recipe", "model", "testset", "seed", *METRICS, "params", "seconds_per_epoch",
+           "train_minutes"]
 LABELS = {"loss": "test loss", "ppl": "ppl", "bleu": "BLEU", "bleu_greedy": "BLEU greedy",
           "chrf": "chrF"}
 DIGITS = {"loss": 4, "ppl": 2, "bleu": 2, "bleu_greedy": 2, "chrf": 2}
@@ -122,16 +123,17 @@ def collect(params: dict, results: Path) -> tuple[pd.DataFrame, dict]:
             rows.append({"recipe": run.recipe, "model": run.model, "testset": testset,
                          "seed": run.seed, **{m: metrics[testset][m] for m in METRICS},
                          "params": found[run]["evaluation"]["params"],
-                         "seconds_per_epoch": found[run]["train"]["seconds_per_epoch"]})
+                         "seconds_per_epoch": found[run]["train"]["seconds_per_epoch"],
+                         "train_minutes": found[run]["train"]["train_minutes"]})
     return pd.DataFrame(rows, columns=COLUMNS), found
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
     """Seed aggregates: n, mean and sample std of each metric per (recipe, model, testset)."""
     rows = stats.aggregate(table.to_dict("records"), ["recipe", "model", "testset"],
-                           [*METRICS, "params", "seconds_per_epoch"])
+                           [*METRICS, "params", "seconds_per_epoch", "train_minutes"])
     df = pd.DataFrame(rows).rename(columns={"n": "seeds"})
-    return df.drop(columns=["params_std", "seconds_per_epoch_std"])
+    return df.drop(columns=["params_std", "seconds_per_epoch_std", "train_minutes_std"])
 
 
 def compare(inp: Inputs, recipe: str, system: str, testset: str) -> list[stats.Comparison]:
@@ -298,7 +300,8 @@ def results_section(inp: Inputs) -> list[str]:
             cells = {LABELS[m]: stats.Summary(getattr(r, m), getattr(r, f"{m}_std"),
                                               r.seeds).format(DIGITS[m]) for m in LABELS}
             rows.append({"model": r.model, "testset": r.testset, **cells,
-                         "params": f"{int(r.params):,}", "s/epoch": f"{r.seconds_per_epoch:.1f}"})
+                         "params": f"{int(r.params):,}", "s/epoch": f"{r.seconds_per_epoch:.1f}",
+                         "train min": f"{r.train_minutes:.1f}"})
         lines += [f"### recipe `{recipe}`", "", md_table(pd.DataFrame(rows), text=True), ""]
         lines += verdict_lines(inp, recipe)
     lines += ["`test loss` is the per-token cross-entropy on the test set, `ppl` its "
@@ -356,6 +359,46 @@ def ablation_section(inp: Inputs) -> list[str]:
         lines += [f"## Ablation of `{full}` (beam BLEU, mean over seeds)", "",
                   md_table(pd.DataFrame(rows)), ""]
     return lines
+
+
+def search_steps(recipes: dict) -> list[str]:
+    """The recipes of every search chain (`step_of`), each chain from its first step on."""
+    steps = [r for r in recipes if "step_of" in recipes[r]]
+    firsts = [r for r in dict.fromkeys(recipes[s]["step_of"] for s in steps)
+              if "step_of" not in recipes[r]]
+    ordered = []
+    for first in firsts:
+        chain = [first]
+        while nxt := [s for s in steps if recipes[s]["step_of"] == chain[-1]]:
+            chain += nxt[:1]
+        ordered += chain
+    return ordered
+
+
+def search_section(inp: Inputs) -> list[str]:
+    """The recipe search as it ran: every search step's runs found in results/ (also those
+    outside pipeline.recipes: `make demo-search` trains them), judged on the validation set."""
+    recipes, rows, before = inp.params["recipes"], [], {}  # (model, seed): the last step's BLEU
+    for recipe in search_steps(recipes):
+        for path in sorted(inp.results.glob(f"{recipe}-*-s*/train.json")):
+            t = read_json(path)
+            bleu, earlier = t["valid_bleu_greedy"], before.get((t["model"], t["seed"]))
+            rows.append({"step": recipe, "adds": recipes[recipe].get("adds", "(the start)"),
+                         "model": t["model"], "seed": t["seed"], "params": f"{t['params']:,}",
+                         "updates": t["updates"], "epochs": t["epochs"],
+                         "train min": f"{t['train_minutes']:.1f}",
+                         "valid loss": f"{t['best_valid_loss']:.4f}",
+                         "valid BLEU greedy": f"{bleu:.2f}",
+                         "Δ BLEU": "-" if earlier is None else f"{bleu - earlier:+.2f}"})
+            before[t["model"], t["seed"]] = bleu
+    if not rows:
+        return []
+    return ["## Recipe search (validation set only)", "",
+            "Each step adds one ingredient to the step before it and trains for about the "
+            "same minutes (`train.max_updates` set from its speed); every choice is made on "
+            "these validation figures, and no test set is decoded here. `make demo-search` "
+            "trains the steps; the rows are the runs found in `results/`.", "",
+            md_table(pd.DataFrame(rows), text=True), ""]
 
 
 def reference_section(inp: Inputs) -> list[str]:
@@ -544,7 +587,8 @@ def report(settings: dict, paths: Paths) -> None:
     with atomic_dir(out / "figures") as folder:
         figures = draw_figures(inp, folder)
     lines = (head_section(inp) + results_section(inp) + statistics_section(inp)
-             + ablation_section(inp) + reference_section(inp) + training_section(inp, figures)
+             + search_section(inp) + ablation_section(inp) + reference_section(inp)
+             + training_section(inp, figures)
              + verification_section(inp) + samples_section(inp)
              + attention_section(inp, figures) + setup_section(inp))
     write_tables(inp, out)
