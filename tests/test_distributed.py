@@ -70,7 +70,8 @@ def stepper(data, world: World, sizes: tuple[int, int]) -> Trainer:
     return Trainer(config=config, paths=None, world=world, device=torch.device("cpu"),
                    precision="fp32",
                    model=model, ddp=ddp, step_model=ddp, optimizer=opt, scheduler=sched,
-                   train_batches=None, valid_batches=None, checkpoint_meta={}, resume_key={})
+                   train_batches=None, valid_batches=None, valid_references=None,
+                   checkpoint_meta={}, resume_key={})
 
 
 def vocab_sizes(data) -> tuple[int, int]:

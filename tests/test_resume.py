@@ -159,11 +159,11 @@ def orchestrate(cmd: list[str], root, kill_at: str | None = None):
 
 
 def report_numbers(root) -> list[dict]:
-    """reports/results.csv without its wall-clock column."""
+    """reports/results.csv without its wall-clock columns."""
     import csv
 
     with open(root / "reports" / "results.csv") as f:
-        return [{k: v for k, v in row.items() if k != "seconds_per_epoch"}
+        return [{k: v for k, v in row.items() if k not in ("seconds_per_epoch", "train_minutes")}
                 for row in csv.DictReader(f)]
 
 

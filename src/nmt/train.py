@@ -641,10 +641,10 @@ def finish(trainer: Trainer, progress: Progress) -> dict:
         raise NmtError(f"{trainer.run.name}: the validation loss never became finite "
                        "(fix: lower train.lr or set train.clip_grad_norm)")
     averaged = average_last_epochs(trainer, progress)
-    if not trainer.world.main:
-        return {}
-    summary = write_outputs(trainer, progress, averaged)
-    trainer.paths.run.resume.unlink(missing_ok=True)  # the stage is complete
+    summary = write_outputs(trainer, progress, averaged) if trainer.world.main else {}
+    trainer.world.max([0])  # ranks leave together: the others wait while rank 0 writes
+    if trainer.world.main:
+        trainer.paths.run.resume.unlink(missing_ok=True)  # the stage is complete
     return summary
 
 
