@@ -383,6 +383,8 @@ def search_section(inp: Inputs) -> list[str]:
         for path in sorted(inp.results.glob(f"{recipe}-*-s*/train.json")):
             t = read_json(path)
             bleu, earlier = t["valid_bleu_greedy"], before.get((t["model"], t["seed"]))
+            if bleu is None:  # trained under torchrun: no validation decoding
+                continue
             rows.append({"step": recipe, "adds": recipes[recipe].get("adds", "(the start)"),
                          "model": t["model"], "seed": t["seed"], "params": f"{t['params']:,}",
                          "updates": t["updates"], "epochs": t["epochs"],

@@ -641,10 +641,10 @@ def finish(trainer: Trainer, progress: Progress) -> dict:
         raise NmtError(f"{trainer.run.name}: the validation loss never became finite "
                        "(fix: lower train.lr or set train.clip_grad_norm)")
     averaged = average_last_epochs(trainer, progress)
-    summary = write_outputs(trainer, progress, averaged) if trainer.world.main else {}
-    trainer.world.max([0])  # ranks leave together: the others wait while rank 0 writes
-    if trainer.world.main:
-        trainer.paths.run.resume.unlink(missing_ok=True)  # the stage is complete
+    if not trainer.world.main:
+        return {}
+    summary = write_outputs(trainer, progress, averaged)
+    trainer.paths.run.resume.unlink(missing_ok=True)  # the stage is complete
     return summary
 
 
@@ -703,9 +703,14 @@ def summarize(trainer: Trainer, progress: Progress, averaged: float | None) -> d
     }
 
 
-def valid_bleu(trainer: Trainer) -> float:
+def valid_bleu(trainer: Trainer) -> float | None:
     """Greedy BLEU (sacreBLEU, detokenized, cased) of the model as it is (the best weights)
-    on the validation split: what recipe choices are made on, never on a test set."""
+    on the validation split: what recipe choices are made on, never on a test set. None
+    under torchrun: there rank 0 decoding while the other ranks exit made a rank abort at
+    exit (seen twice in CI, as "terminate called without an active exception"); the search
+    steps that need it train in one process."""
+    if trainer.world.group:
+        return None
     model, codec = trainer.model.eval(), load_codecs(trainer.paths.vocab)[1]
     decoding = DecodeConfig("greedy", cap=trainer.checkpoint_meta["cfg"].max_len - 1)
     with torch.inference_mode(), autocast(trainer.device, trainer.precision):
