@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from sacrebleu.metrics import BLEU
 from tqdm import tqdm
 
 from nmt import checkpoint, distributed, resume
@@ -50,8 +49,6 @@ from nmt.runtime import (
     seed_everything,
     token_loss,
 )
-from nmt.search import DecodeConfig, translate_batches
-from nmt.text import read_lines
 from nmt.vocab import PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.train")
@@ -706,11 +703,16 @@ def summarize(trainer: Trainer, progress: Progress, averaged: float | None) -> d
 def valid_bleu(trainer: Trainer) -> float | None:
     """Greedy BLEU (sacreBLEU, detokenized, cased) of the model as it is (the best weights)
     on the validation split: what recipe choices are made on, never on a test set. None
-    under torchrun: there rank 0 decoding while the other ranks exit made a rank abort at
-    exit (seen twice in CI, as "terminate called without an active exception"); the search
-    steps that need it train in one process."""
-    if trainer.world.group:
+    with several processes: while rank 0 decoded, another rank aborted at exit in CI
+    ("terminate called without an active exception"); the search steps train in one."""
+    if trainer.world.size > 1:
         return None
+    # Imported here, not at module level, so that DDP ranks load what they did before.
+    from sacrebleu.metrics import BLEU
+
+    from nmt.search import DecodeConfig, translate_batches
+    from nmt.text import read_lines
+
     model, codec = trainer.model.eval(), load_codecs(trainer.paths.vocab)[1]
     decoding = DecodeConfig("greedy", cap=trainer.checkpoint_meta["cfg"].max_len - 1)
     with torch.inference_mode(), autocast(trainer.device, trainer.precision):
