@@ -70,7 +70,7 @@ def stepper(data, world: World, sizes: tuple[int, int]) -> Trainer:
     return Trainer(config=config, paths=None, world=world, device=torch.device("cpu"),
                    precision="fp32",
                    model=model, ddp=ddp, step_model=ddp, optimizer=opt, scheduler=sched,
-                   train_batches=None, valid_batches=None, valid_references=None,
+                   train_batches=None, valid_batches=None, valid_references=None, tgt_codec=None,
                    checkpoint_meta={}, resume_key={})
 
 

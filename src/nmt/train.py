@@ -144,6 +144,7 @@ class Trainer:
     train_batches: Batches
     valid_batches: Batches
     valid_references: Path  # the validation split's raw target lines (for its BLEU)
+    tgt_codec: object  # ids -> detokenized target text (nmt.vocab), for the validation BLEU
     # What best.pt and last.pt record besides the weights (checkpoint.save's keywords): the
     # model's name, config and vocabulary sizes, the model and train settings, the seed, ...
     checkpoint_meta: dict
@@ -317,6 +318,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         step_model=step_model, optimizer=optimizer, scheduler=None,
         train_batches=train_batches, valid_batches=valid_batches,
         valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
+        tgt_codec=tgt_codec,
         checkpoint_meta=checkpoint_meta,
         resume_key=resume.config_key(settings, run.name, run.seed, paths.vocab, world.size))
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(  # over the run's total updates
@@ -713,7 +715,7 @@ def valid_bleu(trainer: Trainer) -> float | None:
     from nmt.search import DecodeConfig, translate_batches
     from nmt.text import read_lines
 
-    model, codec = trainer.model.eval(), load_codecs(trainer.paths.vocab)[1]
+    model, codec = trainer.model.eval(), trainer.tgt_codec
     decoding = DecodeConfig("greedy", cap=trainer.checkpoint_meta["cfg"].max_len - 1)
     with torch.inference_mode(), autocast(trainer.device, trainer.precision):
         ids = translate_batches(model, trainer.valid_batches.pairs, decoding,
