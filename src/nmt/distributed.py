@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import logging
 import math
 import os
@@ -113,7 +114,11 @@ def lost_peer(error: Exception) -> str | None:
 
 
 def leave() -> None:
+    """Destroy the process group now, while the interpreter is whole: a Gloo group whose
+    threads are still alive when Python exits can abort the process at exit ("terminate
+    called without an active exception"). Call it once nothing holds the group (no DDP)."""
     if dist.is_initialized():
+        gc.collect()  # a DDP wrapper caught in a reference cycle lets go of the group here
         dist.destroy_process_group()
 
 

@@ -239,13 +239,16 @@ def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
             check_room(paths.run, trainer.n_params, trainer.config.average_last)
         progress = resume_or_start(trainer, restart)
         fit(trainer, progress)
-        return finish(trainer, progress)
+        summary = finish(trainer, progress)
+        trainer.world.barrier()  # the ranks leave together, once rank 0 has written the run
+        return summary
     except (dist.DistError, RuntimeError) as e:
         lost = peer_lost(trainer, e)
         if lost is None:
             raise
         raise lost from None
     finally:
+        trainer = None  # DDP holds the process group: let it go before the group is destroyed
         distributed.leave()
 
 
