@@ -38,11 +38,15 @@ demo: setup  ## the comparison on a laptop: recipe demo, 3 models, ~10 min of tr
 
 # The search that chose the demo recipe: its steps (recipes demo_s0 ... with step_of/adds)
 # trained with the scratch model, seed 0, judged on the validation set only; no test set is
-# decoded. A later `make demo` report lists them (section "Recipe search").
-DEMO_STEPS ?= [demo_s0,demo_s1,demo_s2,demo_s3]
+# decoded. A later `make demo` report lists them (section "Recipe search"). The decoder-only
+# model's own steps: make demo-search DEMO_STEPS='[demo_d1,demo_d2,demo_d3]' SEARCH_MODELS='[decoder_only]'
+DEMO_STEPS ?= [demo_s0,demo_s1,demo_s2,demo_s3,demo_s4,demo_s5]
+SEARCH_MODELS ?= [scratch]
+comma := ,
+first_step = $(firstword $(subst $(comma), ,$(subst [,,$(subst ],,$(DEMO_STEPS)))))
 demo-search: setup  ## train the demo recipe's search steps (~10 min each), validation only
-	$(BIN)/dvc exp run -S 'pipeline.recipes=$(DEMO_STEPS)' -S 'pipeline.models=[scratch]' \
-		-S 'pipeline.seeds=[0]' -S 'bench.recipe=demo_s0' train
+	$(BIN)/dvc exp run -S 'pipeline.recipes=$(DEMO_STEPS)' -S 'pipeline.models=$(SEARCH_MODELS)' \
+		-S 'pipeline.seeds=[0]' -S 'bench.recipe=$(first_step)' train
 
 smoke: setup  ## the whole pipeline on tiny settings in a scratch copy, with DVC and Snakemake
 	$(BIN)/python -m pytest -m slow tests/test_pipeline.py

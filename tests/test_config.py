@@ -10,7 +10,7 @@ from nmt.params import load_params
 from nmt.recipes import resolve
 from nmt.runs import Run
 
-DEMO_IS = "demo_s0"  # the search step the demo recipe copies
+DEMO_IS = "demo_d3"  # the search step the demo copies (= demo_s5 + the decoder-only's depth)
 
 
 def test_repository_params_are_valid():
@@ -95,6 +95,10 @@ def test_search_steps_add_to_the_step_before_and_demo_is_the_chosen_one():
     assert s1["train"]["schedule"] == "linear" and s0["train"]["schedule"] == "inverse_sqrt"
     assert s2["train"]["schedule"] == "linear" and s2["vocab"]["kind"] == "bpe"  # inherited
     assert s2["model"]["d_model"] == s0["model"]["d_model"] == 128
+    # A branch builds on the step it names, not on the one above it in params.yaml.
+    s3, d2 = resolve(params, "demo_s3"), resolve(params, "demo_d2")
+    assert s3["vocab"] == s0["vocab"] and s3["train"]["schedule"] == "inverse_sqrt"
+    assert d2["model"]["decoder_only_layers"] == 2 and d2["train"] == s0["train"]
     # The demo recipe is the search step chosen on the validation set (README, Results).
     demo, chosen = resolve(params, "demo"), resolve(params, DEMO_IS)
     assert all(demo[k] == chosen[k] for k in ("vocab", "model", "train", "evaluate"))

@@ -274,27 +274,36 @@ def test_one_model_and_its_ablation(tmp_path, mirror):
     assert "The `published` recipe is not in `pipeline.recipes`." in text
 
 
-def test_search_table_lists_every_step_trained_in_chain_order(tmp_path, mirror):
-    """Steps outside pipeline.recipes count too (make demo-search trains them), in the order
-    of their step_of chain, with the validation figures only."""
+def test_search_table_lists_every_step_trained_after_the_step_it_builds_on(tmp_path, mirror):
+    """Steps outside pipeline.recipes count too (make demo-search trains them), each after the
+    step it builds on, with the validation figures only; a step's Δ BLEU is against that
+    step (same model and seed), not against the row above it."""
     params, paths = fake_tree(tmp_path, mirror, ["tuned"], ["scratch"], [0], [T16])
-    steps = rp.search_steps(params["recipes"])
-    assert steps[0] == "demo_s0" and "step_of" not in params["recipes"]["demo_s0"]
-    assert all(params["recipes"][b]["step_of"] == a for a, b in zip(steps, steps[1:], strict=False))
-    for k, step in enumerate(reversed(steps[:3])):  # written out of order on purpose
-        write_json(paths["results"] / f"{step}-scratch-s0" / "train.json", {
-            "model": "scratch", "seed": 0, "params": 1000, "updates": 900, "epochs": 9,
-            "train_minutes": 9.5, "best_valid_loss": 2.5 - k / 10, "valid_bleu_greedy": 25 + k})
+    recipes = params["recipes"]
+    steps = rp.search_steps(recipes)
+    assert steps[0] == "demo_s0" and "step_of" not in recipes["demo_s0"]
+    assert all(steps.index(recipes[s]["step_of"]) < steps.index(s) for s in steps[1:])
+    assert sorted(steps) == sorted(["demo_s0", *(r for r in recipes if "step_of" in recipes[r])])
+    branch = next(s for s in steps[2:] if recipes[s]["step_of"] == "demo_s0")  # a 2nd branch
+    runs = {"demo_s0": ("scratch", 27), "demo_s1": ("scratch", 26), branch: ("scratch", 29.5),
+            "demo_d1": ("decoder_only", 20), "demo_d2": ("decoder_only", 21)}
+    for step, (model, bleu) in reversed(runs.items()):  # written out of order on purpose
+        write_json(paths["results"] / f"{step}-{model}-s0" / "train.json", {
+            "model": model, "seed": 0, "params": 1000, "updates": 900, "epochs": 9,
+            "train_minutes": 9.5, "best_valid_loss": 2.3, "valid_bleu_greedy": bleu})
     rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
                                paths["reports"]))
     text = (paths["reports"] / "report.md").read_text("utf-8")
     section = text.split("## Recipe search (validation set only)")[1].split("\n## ")[0]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
-            if line.startswith("| demo_s")]
-    assert [r[0] for r in rows] == steps[:3]
-    assert rows[0][1] == "(the start)" and rows[1][1] == params["recipes"][steps[1]]["adds"]
-    assert rows[0][-4:] == ["9.5", "2.3000", "27.00", "-"]  # minutes, valid loss and BLEU
-    assert [r[-1] for r in rows[1:]] == ["-1.00", "-1.00"]  # what each step bought
+    rows = {cells[0]: cells for line in section.splitlines() if line.startswith("| demo_")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    assert list(rows) == [s for s in steps if s in runs]
+    assert rows["demo_s0"][1:3] == ["-", "(the start)"]
+    assert rows["demo_s1"][1:3] == ["demo_s0", recipes["demo_s1"]["adds"]]
+    assert rows["demo_s0"][-4:] == ["9.5", "2.3000", "27.00", "-"]  # minutes, loss, BLEU
+    assert rows["demo_s1"][-1] == "-1.00" and rows[branch][-1] == "+2.50"  # both against s0
+    assert rows["demo_d1"][-1] == "-"  # its parent has no decoder_only run
+    assert rows["demo_d2"][-1] == "+1.00"
 
 
 def test_no_search_table_without_search_runs(full):
