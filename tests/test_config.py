@@ -89,7 +89,7 @@ def test_recipe_overrides_merge_over_the_defaults(params_file):
         resolve(params, "large")
 
 
-def test_search_steps_add_to_the_step_before_and_demo_is_the_chosen_one():
+def test_search_steps_add_to_the_step_they_name_and_demo_is_the_chosen_one():
     params = load_params(REPO / "params.yaml")
     s0, s1, s2 = (resolve(params, f"demo_s{k}") for k in range(3))
     assert s1["train"]["schedule"] == "linear" and s0["train"]["schedule"] == "inverse_sqrt"
