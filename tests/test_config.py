@@ -39,6 +39,8 @@ def test_repository_params_are_valid():
         ({"recipes": {"published": {}, "bad": {"train": {"lr": -1}}}},
          "recipes.bad.train.lr: -1 is less than or equal to the minimum of 0"),
         ({"model": {"tie_embeddings": True}}, "tie_embeddings needs one shared vocabulary"),
+        ({"train": {"epochs": 2, "average_last": 3}},
+         "train.average_last 3 exceeds train.epochs 2"),
         # Limits the schema alone owns (ModelConfig no longer repeats them).
         ({"model": {"dropout": 1.0}}, "model.dropout: 1.0 is greater than or equal to the max"),
         ({"model": {"num_encoder_layers": 0}}, "model.num_encoder_layers: 0 is less than the"),
@@ -77,6 +79,15 @@ def test_cli_prints_one_error_line_before_any_work(params_file, tmp_path, capsys
     assert code == 2
     assert err == [err[0]] and err[0].startswith("nmt download: error: params.yaml: model:")
     assert not (tmp_path / "raw").exists()
+
+
+def test_an_update_budget_lets_average_last_exceed_the_unused_epochs(params_file):
+    """With max_updates the run's length is its update budget, so a top-level epochs below a
+    recipe's average_last is no error (the tests' tiny params set epochs 2 under demo_s7)."""
+    budget = {"train": {"max_updates": 50, "average_last": 3}}
+    edit_params(params_file, train={"epochs": 2, "max_updates": 0},
+                recipes={"published": {}, "budget": budget})
+    assert resolve(load_params(params_file), "budget")["train"]["average_last"] == 3
 
 
 def test_recipe_overrides_merge_over_the_defaults(params_file):

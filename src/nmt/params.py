@@ -136,7 +136,7 @@ def check_recipe(params: dict, name: str) -> None:
         raise NmtError(f"params.yaml: {at('evaluate')}: evaluate.testsets names "
                        f"{', '.join(missing)}, which data.testsets does not fetch (fix: add it "
                        "to data.testsets)")
-    if train["average_last"] > train["epochs"]:
+    if not train["max_updates"] and train["average_last"] > train["epochs"]:  # else epochs unused
         raise NmtError(f"params.yaml: {at('train')}: train.average_last {train['average_last']} "
                        f"exceeds train.epochs {train['epochs']} (fix: lower average_last)")
 
