@@ -39,8 +39,8 @@ demo: setup  ## the comparison on a laptop: recipe demo, 3 models, ~10 min of tr
 # The search that chose the demo recipe: its steps (recipes demo_s0 ... with step_of/adds)
 # trained with the scratch model, seed 0, judged on the validation set only; no test set is
 # decoded. A later `make demo` report lists them (section "Recipe search"). The decoder-only
-# model's own steps: make demo-search DEMO_STEPS='[demo_d1,demo_d2,demo_d3]' SEARCH_MODELS='[decoder_only]'
-DEMO_STEPS ?= [demo_s0,demo_s1,demo_s2,demo_s3,demo_s4,demo_s5,demo_s6,demo_s7,demo_s8,demo_s9]
+# model's own steps: make demo-search DEMO_STEPS='[demo_d1,demo_d2,demo_d3,demo_d4]' SEARCH_MODELS='[decoder_only]'
+DEMO_STEPS ?= [demo_s0,demo_s1,demo_s2,demo_s3,demo_s4,demo_s5,demo_s6,demo_s7,demo_s8,demo_s9,demo_s10,demo_s11]
 SEARCH_MODELS ?= [scratch]
 comma := ,
 first_step = $(firstword $(subst $(comma), ,$(subst [,,$(subst ],,$(DEMO_STEPS)))))
