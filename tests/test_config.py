@@ -10,7 +10,7 @@ from nmt.params import load_params
 from nmt.recipes import resolve
 from nmt.runs import Run
 
-DEMO_IS = "demo_d3"  # the search step the demo copies (= demo_s5 + the decoder-only's depth)
+DEMO_IS = "demo_d4"  # the search step the demo copies (= demo_s6 + the decoder-only's depth)
 
 
 def test_repository_params_are_valid():
