@@ -68,7 +68,7 @@ def prepared(tmp_path_factory, mirror) -> dict:
     download.download(params, download.Paths(root / "raw", REPO / "workflow" / "multi30k.sha256"),
                       retries=1)
     data = params["data"] | {"max_train_pairs": 2000, "max_test_pairs": 100}
-    tokenize.tokenize({"data": data, "tokenize": {"batch_size": 1000}},
+    tokenize.tokenize({"data": data, "tokenize": {"batch_size": 1000, "words": True}},
                       tokenize.Paths(root / "raw", root / "tokenized"))
     word = vocab.build(params, vocab.Paths(root / "tokenized", root / "vocab" / "word"))
     bpe = vocab.build(params | {"vocab": {**params["vocab"], "kind": "bpe", "bpe_size": 1000}},

@@ -20,6 +20,7 @@ from nmt.tokenize import tokenize
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIALS, build_vocab, load_codecs
 
 DATA = load_params(REPO / "params.yaml")["data"]
+TOKENIZE = {"batch_size": 100, "words": True}
 UNREACHABLE = "http://127.0.0.1:9/unreachable"
 
 
@@ -59,7 +60,7 @@ def test_a_test_set_is_a_params_entry_plus_its_pinned_sum(prepared, tmp_path, mo
     with pytest.raises(NmtError, match="test_mine.de.gz has no pinned sha256 in .*fix: add"):
         download({"data": data}, DownloadPaths(tmp_path / "raw", REPO / SUMS), retries=1)
     download({"data": data}, DownloadPaths(tmp_path / "raw", sums), retries=1)
-    stats = tokenize({"data": data | {"max_train_pairs": 10}, "tokenize": {"batch_size": 100}},
+    stats = tokenize({"data": data | {"max_train_pairs": 10}, "tokenize": TOKENIZE},
                      TokenizePaths(tmp_path / "raw", tmp_path / "tok"))
     assert stats["test_mine.en"]["sentences"] == 7 and "test_2016_flickr.en" not in stats
 
@@ -102,11 +103,11 @@ def test_truncated_or_corrupt_raw_file(prepared, tmp_path):
     shutil.copytree(prepared["raw"], raw)
     (raw / "val.de.gz").write_bytes(gzip.compress(b"only one line\n"))
     with pytest.raises(NmtError, match="val: 1 de vs 1014 en lines"):
-        tokenize({"data": DATA, "tokenize": {"batch_size": 100}},
+        tokenize({"data": DATA, "tokenize": TOKENIZE},
                  TokenizePaths(raw, tmp_path / "tok"))
     (raw / "val.de.gz").write_bytes(b"not gzip")
     with pytest.raises(NmtError, match="val.de.gz is unreadable"):
-        tokenize({"data": DATA, "tokenize": {"batch_size": 100}},
+        tokenize({"data": DATA, "tokenize": TOKENIZE},
                  TokenizePaths(raw, tmp_path / "tok"))
     assert not (tmp_path / "tok").exists()
 

@@ -46,7 +46,7 @@ def cmd_download(args, params):
 def cmd_tokenize(args, params):
     from nmt import tokenize
 
-    tokenize.tokenize(params, tokenize.Paths(raw=args.raw, out=args.out))
+    tokenize.tokenize(params, tokenize.Paths(raw=args.raw, out=args.out), args.processes)
 
 
 def cmd_vocab(args, params):
@@ -213,6 +213,10 @@ def add_data_stages(stage, opt: dict) -> None:
               "data/tokenized/<split>.<lang>.{txt,tok} and stats.json.")
     s.add_argument("--raw", type=Path, default=RAW)
     s.add_argument("--out", type=Path, default=TOKENIZED)
+    # Not `threads` (which sets torch's threads and imports torch): spaCy processes.
+    s.add_argument("--threads", dest="processes", type=int, default=1, metavar="N",
+                   help="tokenize in N processes, at most the machine's cores (default 1: "
+                        "this one); the files are the same whatever N")
     s = stage("config", cmd_config,
               "Resolve one recipe (the top-level sections with its overrides merged over "
               "them) and write params/<recipe>.yaml, whose keys the later stages "

@@ -4,40 +4,134 @@ Two ways to batch, chosen by train.batch_by:
 - sentences: a fixed number of sentences a batch (the published setting); with train.bucket,
   sentences of similar length share a batch (little padding), else they are drawn at random;
 - tokens: length-bucketed batches of up to max_tokens padded tokens (far less padding).
+
+A split is held compactly (`Pairs`: one int32 array of ids a side, and offsets), read and
+encoded as its files stream past, so a million pairs load in seconds and in a few hundred MB;
+batching sorts their length arrays with numpy, drawing from random.Random exactly as the
+list-based version did, so a seed still gives the same batches in the same order.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain, islice
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from nmt.errors import NmtError
-from nmt.text import read_lines, read_tokens
+from nmt.text import count_lines, iter_lines, token_file
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
 
 Pair = tuple[list[int], list[int]]
 
 
-def load_pairs(tokenized_dir: Path, split: str, src_codec, tgt_codec, max_len: int) -> list[Pair]:
-    """(source ids, target ids) of one split, each wrapped in <bos> ... <eos>, cut to max_len."""
+@dataclass(frozen=True)
+class Sentences:
+    """One side of a split as token ids, end to end in one int32 array: sentence i is
+    ids[starts[i]:starts[i + 1]]. A million sentences take tens of MB, where lists of
+    Python ints took gigabytes and minutes to build."""
+
+    ids: np.ndarray  # int32, every sentence's ids, <bos> ... <eos> included
+    starts: np.ndarray  # int64, len(self) + 1 offsets into ids
+
+    @classmethod
+    def from_lists(cls, seqs: Sequence[Sequence[int]]) -> Sentences:
+        lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+        ids = np.fromiter(chain.from_iterable(seqs), dtype=np.int32, count=int(lengths.sum()))
+        return cls(ids, np.concatenate([[0], np.cumsum(lengths)]))
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.starts)
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def __getitem__(self, i: int) -> list[int]:
+        return self.ids[self.starts[i] : self.starts[i + 1]].tolist()
+
+    def span(self, first: int, stop: int) -> Sentences:
+        """Sentences first..stop-1, sharing this one's memory."""
+        return Sentences(self.ids[self.starts[first] : self.starts[stop]],
+                         self.starts[first : stop + 1] - self.starts[first])
+
+
+class Pairs:
+    """(source ids, target ids) pairs of a split, stored compactly (Sentences a side) but
+    used as the list of tuples it replaces: len(pairs), pairs[i] -> (list, list), pairs[:n]
+    (another Pairs), iteration. The batching below reads the length arrays directly."""
+
+    def __init__(self, src: Sentences, tgt: Sentences):
+        if len(src) != len(tgt):
+            raise ValueError(f"{len(src)} source but {len(tgt)} target sentences")
+        self.src, self.tgt = src, tgt
+
+    @classmethod
+    def of(cls, pairs: Pairs | Sequence[Pair]) -> Pairs:
+        """pairs as Pairs: itself, or a list of (source ids, target ids) tuples converted."""
+        if isinstance(pairs, Pairs):
+            return pairs
+        return cls(Sentences.from_lists([p[0] for p in pairs]),
+                   Sentences.from_lists([p[1] for p in pairs]))
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, key: int | slice) -> Pair | Pairs:
+        if isinstance(key, slice):
+            first, stop, step = key.indices(len(self))
+            if step != 1:
+                raise IndexError("Pairs slices take every pair (step 1)")
+            stop = max(first, stop)
+            return Pairs(self.src.span(first, stop), self.tgt.span(first, stop))
+        if not -len(self) <= key < len(self):
+            raise IndexError(f"pair {key} of {len(self)}")
+        key %= len(self)
+        return self.src[key], self.tgt[key]
+
+    def __iter__(self) -> Iterator[Pair]:
+        return (self[i] for i in range(len(self)))
+
+
+# Lines encoded at a time while a split is read: bounded memory, few array appends.
+CHUNK_LINES = 50_000
+
+
+def read_side(path: Path, codec, max_len: int) -> Sentences:
+    """One side's sentences as <bos> ids <eos>, encoded while the file streams past. Over-long
+    sentences keep their first max_len - 2 tokens and still end in <eos>."""
+    chunks, lengths = [], []
+    lines = iter_lines(path)
+    while chunk := list(islice(lines, CHUNK_LINES)):
+        encoded = [[BOS_ID, *ids[: max_len - 2], EOS_ID] for ids in codec.encode_lines(chunk)]
+        lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+        chunks.append(np.fromiter(chain.from_iterable(encoded), dtype=np.int32,
+                                  count=int(lengths[-1].sum())))
+    lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    return Sentences(np.concatenate(chunks) if chunks else np.zeros(0, np.int32),
+                     np.concatenate([[0], np.cumsum(lengths)]))
+
+
+def load_pairs(tokenized_dir: Path, split: str, src_codec, tgt_codec, max_len: int) -> Pairs:
+    """(source ids, target ids) of one split, each wrapped in <bos> ... <eos>, cut to max_len.
+    Word vocabularies read the .tok files, BPE the raw .txt files."""
     tokenized_dir = Path(tokenized_dir)
 
     def path(codec) -> Path:
-        return tokenized_dir / f"{split}.{codec.lang}.{'tok' if codec.kind == 'word' else 'txt'}"
+        if codec.kind == "word":
+            return token_file(tokenized_dir, split, codec.lang)
+        return tokenized_dir / f"{split}.{codec.lang}.txt"
 
-    def side(codec):
-        sents = (read_tokens if codec.kind == "word" else read_lines)(path(codec))
-        # Over-long sentences keep their first max_len - 2 tokens and still end in <eos>.
-        return [[BOS_ID] + codec.encode(s)[: max_len - 2] + [EOS_ID] for s in sents]
-
-    src, tgt = side(src_codec), side(tgt_codec)
-    if len(src) != len(tgt):
-        raise NmtError(f"{path(src_codec)} has {len(src)} lines but {path(tgt_codec)} has "
-                       f"{len(tgt)}: the {split} split is not aligned (fix: re-run nmt tokenize)")
-    return list(zip(src, tgt, strict=True))
+    src_path, tgt_path = path(src_codec), path(tgt_codec)
+    src_lines, tgt_lines = count_lines(src_path), count_lines(tgt_path)  # before the long work
+    if src_lines != tgt_lines:
+        raise NmtError(f"{src_path} has {src_lines} lines but {tgt_path} has {tgt_lines}: the "
+                       f"{split} split is not aligned (fix: re-run nmt tokenize)")
+    return Pairs(read_side(src_path, src_codec, max_len), read_side(tgt_path, tgt_codec, max_len))
 
 
 def padded_length(longest: int, multiple: int = 1, limit: int = 0) -> int:
@@ -79,48 +173,59 @@ def sentence_batches(n: int, batch_size: int, rng: random.Random | None) -> list
 BUCKET_POOL = 100
 
 
-def bucketed_sentence_batches(pairs: list[Pair], batch_size: int,
+def bucketed_sentence_batches(pairs: Pairs | list[Pair], batch_size: int,
                               rng: random.Random | None) -> list[list[int]]:
     """Index lists of batch_size sentences of similar length: the shuffled sentences are cut
     into pools of BUCKET_POOL batches, each pool sorted by (source, target) length and cut
-    into batches, then the batches of all pools shuffled. Without rng: sorted, unshuffled."""
+    into batches, then the batches of all pools shuffled. Without rng: sorted, unshuffled.
+    The shuffles are random.Random's, as they always were, so a seed gives the same batches."""
+    pairs = Pairs.of(pairs)
+    src_lengths, tgt_lengths = pairs.src.lengths, pairs.tgt.lengths
     order = list(range(len(pairs)))
     if rng is not None:
         rng.shuffle(order)
+    order = np.array(order, dtype=np.int64)
     pool = BUCKET_POOL * batch_size if rng is not None else len(order)
     batches = []
     for first in range(0, len(order), pool):
-        members = sorted(order[first : first + pool],
-                         key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
+        members = order[first : first + pool]
+        # lexsort is stable, as sorted() was: equal lengths keep their shuffled order.
+        members = members[np.lexsort((tgt_lengths[members], src_lengths[members]))].tolist()
         batches += [members[i : i + batch_size] for i in range(0, len(members), batch_size)]
     if rng is not None:
         rng.shuffle(batches)
     return batches
 
 
-def padding_fraction(pairs: list[Pair], batches: list[list[int]]) -> float:
+def padding_fraction(pairs: Pairs | list[Pair], batches: list[list[int]]) -> float:
     """Padded positions / all positions of the source and target tensors of these batches."""
+    pairs = Pairs.of(pairs)
     real = padded = 0
-    for idx in batches:
-        for side in (0, 1):
-            lengths = [len(pairs[i][side]) for i in idx]
-            real += sum(lengths)
-            padded += len(lengths) * max(lengths)
+    for lengths in (pairs.src.lengths, pairs.tgt.lengths):
+        for idx in batches:
+            batch = lengths[idx]
+            real += int(batch.sum())
+            padded += len(idx) * int(batch.max())
     return 1 - real / padded
 
 
-def token_batches(pairs: list[Pair], max_tokens: int, rng: random.Random | None) -> list[list[int]]:
+def token_batches(pairs: Pairs | list[Pair], max_tokens: int,
+                  rng: random.Random | None) -> list[list[int]]:
     """Index lists grouped by length so each batch holds at most max_tokens padded tokens."""
-    keys = [(max(len(s), len(t)), rng.random() if rng else 0.0, i) for i, (s, t) in
-            enumerate(pairs)]
-    keys.sort()  # by length; the random key shuffles sentences of equal length
-    batches, batch, longest = [], [], 0
-    for length, _, i in keys:
-        if batch and max(longest, length) * (len(batch) + 1) > max_tokens:
+    pairs = Pairs.of(pairs)
+    longest = np.maximum(pairs.src.lengths, pairs.tgt.lengths)
+    # One draw a sentence, in index order, as ever: it shuffles sentences of equal length,
+    # and the same seed gives the same batches (a resumed run finds its order again).
+    draws = [rng.random() for _ in range(len(pairs))] if rng else [0.0] * len(pairs)
+    # By length, then draw; lexsort is stable, so index breaks what ties remain.
+    order = np.lexsort((np.array(draws), longest))
+    batches, batch = [], []
+    for i, length in zip(order.tolist(), longest[order].tolist(), strict=True):
+        # In ascending order, this sentence is the longest of the batch it joins.
+        if batch and length * (len(batch) + 1) > max_tokens:
             batches.append(batch)
-            batch, longest = [], 0
+            batch = []
         batch.append(i)
-        longest = max(longest, length)
     if batch:
         batches.append(batch)
     if rng is not None:
@@ -131,10 +236,11 @@ def token_batches(pairs: list[Pair], max_tokens: int, rng: random.Random | None)
 class Batches:
     """An epoch's worth of (src, tgt) LongTensor batches; reshuffled with seed + epoch."""
 
-    def __init__(self, pairs: list[Pair], batch_by: str, batch_size: int, max_tokens: int,
-                 shuffle: bool, seed: int = 0, bucket: bool = False, pad_multiple: int = 1,
-                 max_len: int = 0):
-        self.pairs, self.batch_by, self.bucket = pairs, batch_by, bucket  # bucket: sentences only
+    def __init__(self, pairs: Pairs | list[Pair], batch_by: str, batch_size: int,
+                 max_tokens: int, shuffle: bool, seed: int = 0, bucket: bool = False,
+                 pad_multiple: int = 1, max_len: int = 0):
+        self.pairs = Pairs.of(pairs)
+        self.batch_by, self.bucket = batch_by, bucket  # bucket: sentence batches only
         # Batch lengths rounded up to a multiple of pad_multiple, not past max_len (pad).
         self.pad_multiple, self.max_len = pad_multiple, max_len
         self.batch_size, self.max_tokens = batch_size, max_tokens

@@ -8,14 +8,16 @@ into a detokenized sentence.
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 from nmt.errors import NmtError
 from nmt.files import atomic_dir, read_json, write_json
-from nmt.text import detokenize, read_lines, read_tokens
+from nmt.text import count_lines, detokenize, iter_lines, split_tokens, token_file
 
 log = logging.getLogger("nmt.vocab")
 
@@ -66,6 +68,10 @@ class WordCodec:
     def encode(self, tokens: list[str]) -> list[int]:
         return self.vocab.ids(tokens)
 
+    def encode_lines(self, lines: list[str]) -> list[list[int]]:
+        """The ids of lines of a .tok file (space-joined tokens)."""
+        return [self.vocab.ids(split_tokens(line)) for line in lines]
+
     def decode(self, ids: Iterable[int]) -> str:
         return detokenize(self.vocab.tokens(i for i in ids if i >= len(SPECIALS)))
 
@@ -90,6 +96,10 @@ class BpeCodec:
     def encode(self, text: str) -> list[int]:
         return self.sp.encode(text)
 
+    def encode_lines(self, lines: list[str]) -> list[list[int]]:
+        """The ids of raw lines, encoded on every core (the same ids as one by one)."""
+        return self.sp.encode(lines, num_threads=os.cpu_count() or 1)
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([i for i in ids if i >= len(SPECIALS)])
 
@@ -105,25 +115,32 @@ class Paths:
 
 def build(settings: dict, paths: Paths) -> dict:
     """Stage vocab: write one recipe's vocabulary to paths.out; return its summary (also
-    meta.json). settings: the resolved recipe (vocab, data.source_lang/target_lang)."""
+    meta.json). settings: the resolved recipe (vocab, data.source_lang/target_lang).
+
+    The train split is streamed, line by line, never held whole: word counts grow a line at
+    a time, and SentencePiece reads the raw lines as they come (vocab.bpe_sample: a random
+    sample of them)."""
     vocab_cfg, tokenized_dir, out_dir = settings["vocab"], Path(paths.tokenized), paths.out
     src, tgt = settings["data"]["source_lang"], settings["data"]["target_lang"]
     word = vocab_cfg["kind"] == "word"  # spaCy tokens; BPE reads the raw text
-    sides = aligned(*(tokenized_dir / f"train.{lang}.{'tok' if word else 'txt'}"
-                      for lang in (src, tgt)), read_tokens if word else read_lines)
+    files = aligned(*(token_file(tokenized_dir, "train", lang) if word
+                      else tokenized_dir / f"train.{lang}.txt" for lang in (src, tgt)))
     with atomic_dir(out_dir) as tmp:
         if word:
             sizes = {}
-            for side, sentences in zip(("src", "tgt"), sides, strict=True):
-                v = build_vocab(sentences, vocab_cfg["min_freq"])
+            for side, path in zip(("src", "tgt"), files, strict=True):
+                v = build_vocab(map(split_tokens, iter_lines(path)), vocab_cfg["min_freq"])
                 write_json(tmp / f"{side}.json", v.itos)
                 sizes[side] = len(v)
+            sample = 0
         else:
-            sizes = _train_bpe(sides, tmp, vocab_cfg["bpe_size"])
+            sample = vocab_cfg["bpe_sample"]
+            sizes = _train_bpe(files, tmp, vocab_cfg["bpe_size"], sample)
         # Only the settings this kind reads, so an unrelated change leaves the bytes alike
-        # and DVC skips what follows.
+        # and DVC skips what follows (bpe_sample only when it samples: 0 keeps the old bytes).
         setting = "min_freq" if word else "bpe_size"
-        meta = {"kind": vocab_cfg["kind"], setting: vocab_cfg[setting], "source_lang": src,
+        meta = {"kind": vocab_cfg["kind"], setting: vocab_cfg[setting],
+                **({"bpe_sample": sample} if sample else {}), "source_lang": src,
                 "target_lang": tgt, "src_size": sizes["src"], "tgt_size": sizes["tgt"]}
         write_json(tmp / "meta.json", meta)
     log.info("%s vocabulary: source %d, target %d -> %s",
@@ -131,32 +148,44 @@ def build(settings: dict, paths: Paths) -> dict:
     return meta
 
 
-def aligned(src_path: Path, tgt_path: Path, read) -> tuple[list, list]:
-    """read() of both sides of the train split, refused unless they pair up line by line (as
-    verify and train refuse them): a vocabulary of a misaligned split would be built in vain."""
-    src, tgt = read(src_path), read(tgt_path)
-    if len(src) != len(tgt):
-        raise NmtError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the "
+def aligned(src_path: Path, tgt_path: Path) -> tuple[Path, Path]:
+    """Both sides of the train split, refused unless they pair up line by line (as verify and
+    train refuse them): a vocabulary of a misaligned split would be built in vain. Lines are
+    counted first (seconds for a million), before the long work."""
+    src, tgt = count_lines(src_path), count_lines(tgt_path)
+    if src != tgt:
+        raise NmtError(f"{src_path} has {src} lines but {tgt_path} has {tgt}: the "
                        "train split is not aligned (fix: re-run nmt tokenize)")
-    return src, tgt
+    return src_path, tgt_path
 
 
-def _train_bpe(sides: tuple[list[str], list[str]], out: Path, size: int) -> dict:
+# SentencePiece's sampling (vocab.bpe_sample) draws from this seed: the same data and
+# settings give the same model bytes, run after run.
+SAMPLE_SEED = 0
+
+
+def _train_bpe(files: tuple[Path, Path], out: Path, size: int, sample: int) -> dict:
+    """One joint model over the source lines, then the target lines, of the train split;
+    sample > 0 trains on that many of them, drawn at random (input_sentence_size)."""
     import io
 
     import sentencepiece as spm
 
-    lines = sides[0] + sides[1]
+    lines = chain.from_iterable(iter_lines(path) for path in files)
+    sampling = {}
+    if sample:
+        spm.set_random_generator_seed(SAMPLE_SEED)
+        sampling = {"input_sentence_size": sample, "shuffle_input_sentence": True}
     model = io.BytesIO()
     try:
         # From memory into memory: the model then records no file paths, so the same data
         # gives the same bytes and DVC sees an unchanged vocabulary.
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines), model_writer=model, model_type="bpe",
+            sentence_iterator=lines, model_writer=model, model_type="bpe",
             vocab_size=size, character_coverage=1.0, num_threads=1,
             unk_id=UNK_ID, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             unk_piece=SPECIALS[0], pad_piece=SPECIALS[1], bos_piece=SPECIALS[2],
-            eos_piece=SPECIALS[3], minloglevel=2,
+            eos_piece=SPECIALS[3], minloglevel=2, **sampling,
         )
     except RuntimeError as e:
         raise NmtError(f"SentencePiece could not train a {size}-piece model ({e}) "

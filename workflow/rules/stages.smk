@@ -73,13 +73,14 @@ rule tokenize:
     params:
         values=declared(params=["data.source_lang", "data.target_lang", "data.testsets",
                                 "data.max_train_pairs", "data.max_test_pairs",
-                                "tokenize.batch_size"]),
+                                "tokenize.batch_size", "tokenize.words"]),
+    threads: 4
     log:
         "logs/tokenize.log",
     conda:
         "../envs/nmt.yaml"
     shell:
-        "nmt tokenize --raw data/raw --out data/tokenized 2> {log}"
+        "nmt tokenize --raw data/raw --out data/tokenized --threads {threads} 2> {log}"
 
 
 rule vocab:
@@ -95,7 +96,7 @@ rule vocab:
         directory("data/vocab/{recipe}"),
     params:
         values=declared(recipe_params=["data.source_lang", "data.target_lang", "vocab.kind",
-                                       "vocab.min_freq", "vocab.bpe_size"]),
+                                       "vocab.min_freq", "vocab.bpe_size", "vocab.bpe_sample"]),
     log:
         "logs/vocab-{recipe}.log",
     conda:
