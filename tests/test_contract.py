@@ -108,7 +108,7 @@ def test_every_stage_declares_what_it_reads(tool, request):
         assert not extra, f"{stage.name} runs modules it does not declare: {sorted(extra)}"
         extra = set(line["params"]) - under(stage.params, params)
         assert not extra, f"{stage.name} reads params.yaml keys it does not declare: {extra}"
-        recipe_keys = stage.recipe_params + stage.bench_params
+        recipe_keys = stage.recipe_params + stage.bench_params + stage.corpus_params
         if "recipes" in stage.params:  # it resolves recipes itself from the sections it declares
             recipe_keys = recipe_keys + [k for k in stage.params if k in resolved]
         extra = set(line["recipe_params"]) - under(recipe_keys, resolved)
@@ -184,7 +184,8 @@ def expected(old: dict, new: dict) -> set[str]:
         if any(leaf_or_none(old, k) != leaf_or_none(new, k) for k in under(s.params, old)):
             hits.add(name)
         for keys, recipe in ((s.recipe_params, v.get("recipe")),
-                             (s.bench_params, new["bench"]["recipe"])):
+                             (s.bench_params, new["bench"]["recipe"]),
+                             (s.corpus_params, new["pipeline"]["recipes"][0])):
             if recipe and keys:
                 before, after = resolve(old, recipe), resolve(new, recipe)
                 if any(leaf_or_none(before, k) != leaf_or_none(after, k)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from nmt.corpus import corpus_settings
 from nmt.errors import EX_IOERR, FULL, DiskFull, NmtError
 from nmt.params import load_params
 from nmt.recipes import resolve
@@ -28,8 +29,8 @@ RAW, TOKENIZED, VOCAB, RESULTS, REPORTS = (
     Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"))
 # The pipeline's stages: each writes into the folder, so each refuses to run while the other
 # orchestrator holds it (nmt.orchestrators).
-STAGES = ("download", "tokenize", "config", "vocab", "verify", "train", "evaluate", "bench",
-          "report")
+STAGES = ("sources", "download", "tokenize", "config", "vocab", "verify", "train", "evaluate",
+          "bench", "report")
 
 
 def recipe_vocab(args) -> Path:
@@ -37,16 +38,23 @@ def recipe_vocab(args) -> Path:
     return args.vocab or VOCAB / args.recipe
 
 
+def cmd_sources(args, params):
+    from nmt import sources
+
+    sources.refresh(corpus_settings(params), args.out)
+
+
 def cmd_download(args, params):
     from nmt import download
 
-    download.download(params, download.Paths(out=args.out))
+    download.download(corpus_settings(params), download.Paths(out=args.out))
 
 
 def cmd_tokenize(args, params):
     from nmt import tokenize
 
-    tokenize.tokenize(params, tokenize.Paths(raw=args.raw, out=args.out), args.processes)
+    tokenize.tokenize(corpus_settings(params), tokenize.Paths(raw=args.raw, out=args.out),
+                      args.processes)
 
 
 def cmd_vocab(args, params):
@@ -203,10 +211,15 @@ def shared_options() -> dict[str, argparse.ArgumentParser]:
 
 
 def add_data_stages(stage, opt: dict) -> None:
+    s = stage("sources", cmd_sources,
+              "Write params/sources.sha256, the sha256 of every file the corpus is made of "
+              "(data.corpus), if it changed: download depends on it.")
+    s.add_argument("--out", type=Path, default=Path("params/sources.sha256"))
     s = stage("download", cmd_download,
-              "Fetch the Multi30k task-1 raw files of train, val and data.testsets "
-              "(MULTI30K_MIRROR first, then data.base_url), verify their sha256 against "
-              "workflow/multi30k.sha256 and write data/raw/<split>.<lang>.gz.")
+              "Write train, val and data.testsets of the pipeline's corpus (data.corpus of "
+              "pipeline.recipes[0]) to data/raw/<split>.<lang>.gz: multi30k fetched "
+              "(MULTI30K_MIRROR first, then data.base_url) and verified against "
+              "workflow/multi30k.sha256; files and huggingface read and checked.")
     s.add_argument("--out", type=Path, default=RAW)
     s = stage("tokenize", cmd_tokenize,
               "Read data/raw, tokenize with spaCy's rule-based tokenizers and write "

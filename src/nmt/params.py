@@ -11,6 +11,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from nmt.corpus import CORPUS_SECTIONS, check_corpus
 from nmt.errors import NmtError
 from nmt.recipes import resolve
 
@@ -107,6 +108,7 @@ def check_semantics(params: dict) -> None:
         if "ablation_of" in recipe and "step_of" in recipe:
             raise NmtError(f"params.yaml: recipes.{name}: a recipe builds on one other "
                            "(fix: keep ablation_of or step_of, not both)")
+    check_one_corpus(params)
     if params["bench"]["recipe"] not in params["pipeline"]["recipes"]:
         raise NmtError(
             f"params.yaml: bench.recipe {params['bench']['recipe']!r} is not in pipeline.recipes "
@@ -114,6 +116,20 @@ def check_semantics(params: dict) -> None:
         )
     for name in params["recipes"]:
         check_recipe(params, name)
+
+
+def check_one_corpus(params: dict) -> None:
+    """The data stages run once a pipeline: its recipes must agree on data and tokenize."""
+    first, *others = params["pipeline"]["recipes"]
+    corpus = {k: resolve(params, first)[k] for k in CORPUS_SECTIONS}
+    for name in others:
+        differ = [k for k in CORPUS_SECTIONS if resolve(params, name)[k] != corpus[k]]
+        if differ:
+            raise NmtError(
+                f"params.yaml: pipeline.recipes: {first} and {name} read different {differ[0]} "
+                "sections, but one pipeline tokenizes one corpus (fix: run them in separate "
+                "pipelines, e.g. `dvc exp run -S 'pipeline.recipes=[" + name + "]' -S "
+                f"'bench.recipe={name}'`)")
 
 
 def check_recipe(params: dict, name: str) -> None:
@@ -131,7 +147,8 @@ def check_recipe(params: dict, name: str) -> None:
     if model["tie_embeddings"] and r["vocab"]["kind"] != "bpe":
         raise NmtError(f"params.yaml: {at('model')}: tie_embeddings needs one shared vocabulary "
                        "(fix: set vocab.kind: bpe or tie_embeddings: false)")
-    missing = [x for x in r["evaluate"]["testsets"] if x not in params["data"]["testsets"]]
+    check_corpus(r["data"], f"recipes.{name}.data" if "data" in overridden else "data")
+    missing = [x for x in r["evaluate"]["testsets"] if x not in r["data"]["testsets"]]
     if missing:
         raise NmtError(f"params.yaml: {at('evaluate')}: evaluate.testsets names "
                        f"{', '.join(missing)}, which data.testsets does not fetch (fix: add it "

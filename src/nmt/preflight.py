@@ -14,36 +14,36 @@ import json
 import os
 from pathlib import Path
 
+from nmt.corpus import PINS, corpus_recipe, corpus_settings, local_files, raw_names, read_sums
 from nmt.errors import NmtError
 from nmt.files import sha256
 from nmt.recipes import resolve
 
-SUMS = Path("workflow/multi30k.sha256")  # `sha256  <split>.<lang>.gz`: the pinned raw files
 # Where stages write (logs: Snakemake's); each, or its nearest existing parent, must be writable.
 OUTPUT_FOLDERS = ("data", "params", "results", "reports", "logs")
-
-
-def raw_files(data: dict) -> list[str]:
-    """The raw files `nmt download` fetches: train, val and data.testsets, both languages."""
-    return [f"{split}.{lang}.gz" for split in ("train", "val", *data["testsets"])
-            for lang in (data["source_lang"], data["target_lang"])]
-
-
-def read_sums(path: Path) -> dict[str, str]:
-    """file name -> pinned sha256, from a `sha256sum` style file ({} when it is missing)."""
-    if not Path(path).is_file():
-        return {}
-    return {name: digest for digest, name in
-            (line.split() for line in Path(path).read_text().splitlines() if line.strip())}
+RECORD = "SHA256SUMS"  # files, huggingface: what nmt download wrote into data/raw
 
 
 def check_settings(params: dict, root: Path = Path(".")) -> None:
-    """What needs no GPU to check: every corpus file has its pin, every output is writable."""
-    pinned = read_sums(root / SUMS)
-    for name in raw_files(params["data"]):
-        if name not in pinned:
-            raise NmtError(f"params.yaml: data.testsets: {name} has no pinned sha256 in {SUMS} "
-                           "(fix: add its `sha256sum` line there, or remove the test set)")
+    """What needs no GPU to check: the corpus's files are there (multi30k: each has its pin;
+    files: each exists), every output is writable."""
+    data = corpus_settings(params)["data"]
+    at = (f"recipes.{corpus_recipe(params)}.data"
+          if "data" in params["recipes"][corpus_recipe(params)] else "data")
+    if data["corpus"] == "multi30k":
+        pinned = read_sums(root / PINS)
+        for name in raw_names(data):
+            if name not in pinned:
+                raise NmtError(f"params.yaml: {at}.testsets: {name} has no pinned sha256 in "
+                               f"{PINS} (fix: add its `sha256sum` line there, or remove the "
+                               "test set)")
+    if data["corpus"] == "files":
+        for name, path in local_files(data, root).items():
+            if not path.is_file():
+                split, lang, _ = name.split(".")
+                raise NmtError(f"params.yaml: {at}.files.{split}.{lang}: {path} does not exist "
+                               "(fix: correct the path; relative paths start at the project "
+                               "folder)")
     for folder in OUTPUT_FOLDERS:
         for path in writable_needed(root / folder):
             if not os.access(path, os.W_OK | os.X_OK):
@@ -88,12 +88,13 @@ def check_inputs(params: dict, root: Path = Path(".")) -> None:
     """Files inside data/raw and data/tokenized changed after their stage wrote them. The
     stages declare these folders, whose time stamps do not change when a file inside does,
     so Snakemake would go on with a damaged file (DVC hashes the content and notices)."""
-    pinned = read_sums(root / SUMS)
     raw = root / "data" / "raw"
-    for name in raw_files(params["data"]):
+    sums = raw / RECORD if (raw / RECORD).is_file() else root / PINS
+    pinned = read_sums(sums)
+    for name in raw_names(corpus_settings(params)["data"]):
         path = raw / name
         if path.is_file() and name in pinned and sha256(path) != pinned[name]:
-            raise damaged(path, f"its sha256 differs from {SUMS}", raw)
+            raise damaged(path, f"its sha256 differs from {sums}", raw)
     tokenized = root / "data" / "tokenized"
     stats = tokenized / "stats.json"
     if not stats.is_file():

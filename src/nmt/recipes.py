@@ -14,7 +14,9 @@ from typing import Any
 
 from nmt.errors import NmtError
 
-RECIPE_SECTIONS = ("vocab", "model", "train", "evaluate")  # what a recipe may override
+# What a recipe may override. data and tokenize (the corpus) are the same for every recipe of
+# one pipeline, as the data stages run once (nmt.corpus).
+RECIPE_SECTIONS = ("data", "tokenize", "vocab", "model", "train", "evaluate")
 NOT_RESOLVED = ("recipes", "pipeline", "bench")  # sections about the pipeline, not a recipe
 
 

@@ -22,7 +22,7 @@ DIMENSIONS = ("recipe", "model", "seed")
 
 @dataclass
 class Stage:
-    """One stage as declared; paths and cmd hold {recipe}, {model}, {seed}, {bench}."""
+    """One stage as declared; paths and cmd hold {recipe}, {model}, {seed}, {bench}, {corpus}."""
 
     name: str
     cmd: str
@@ -31,6 +31,7 @@ class Stage:
     params: list = field(default_factory=list)
     recipe_params: list = field(default_factory=list)
     bench_params: list = field(default_factory=list)
+    corpus_params: list = field(default_factory=list)  # of pipeline.recipes[0] (nmt.corpus)
     deps: list = field(default_factory=list)
     outs: list = field(default_factory=list)
     metrics: list = field(default_factory=list)
@@ -41,6 +42,8 @@ class Stage:
     # Snakemake: the rule's resource, which a profile sets (workflow/profiles/gpu).
     gpu_mem_mb: int | None = None
     cache: bool = True
+    # DVC runs it every time (it checks files outside DVC's view; Snakemake: at parse time)
+    always_changed: bool = False
     report: dict = field(default_factory=dict)  # output -> Snakemake --report category
     shared_code: list = field(default_factory=list)  # the part of code every stage runs
 
@@ -74,10 +77,12 @@ def is_dir(path: str) -> bool:
 
 
 def dvc_text(text: str) -> str:
-    """{recipe} -> ${item.recipe}, {bench} -> ${bench.recipe}: DVC's templating."""
+    """{recipe} -> ${item.recipe}, {bench} -> ${bench.recipe}, {corpus} ->
+    ${pipeline.recipes[0]}: DVC's templating."""
     for d in DIMENSIONS:
         text = text.replace("{" + d + "}", "${item." + d + "}")
-    return text.replace("{bench}", "${bench.recipe}")
+    return text.replace("{bench}", "${bench.recipe}").replace("{corpus}",
+                                                              "${pipeline.recipes[0]}")
 
 
 def dvc_stage(s: Stage) -> dict:
@@ -94,12 +99,16 @@ def dvc_stage(s: Stage) -> dict:
         params.append({dvc_text("params/{recipe}.yaml"): s.recipe_params})
     if s.bench_params:
         params.append({dvc_text("params/{bench}.yaml"): s.bench_params})
+    if s.corpus_params:
+        params.append({dvc_text("params/{corpus}.yaml"): s.corpus_params})
     if params:
         out["params"] = params
     opts = {} if s.cache else {"cache": False}
     out["outs"] = [{dvc_text(o): dict(opts)} if opts else dvc_text(o) for o in s.outs]
     if s.metrics:
         out["metrics"] = [{dvc_text(m): dict(opts)} if opts else dvc_text(m) for m in s.metrics]
+    if s.always_changed:
+        out["always_changed"] = True
     if s.plots:
         out["plots"] = [{dvc_text(p): {"x": "epoch", "y": "valid_loss"}} for p in s.plots]
     return out
@@ -163,16 +172,18 @@ def lookup(section: dict, key: str):
 
 
 def declared_values(config: dict, params=(), recipe_params=(), bench_params=(),
-                    recipe: str | None = None) -> str:
+                    corpus_params=(), recipe: str | None = None) -> str:
     """The values of the keys a stage declares, as JSON: the `values` param of its rule, so
     Snakemake re-runs a job when one changes. params: keys of params.yaml (`params.yaml`: all
-    of it); recipe_params: of the job's resolved recipe; bench_params: of bench.recipe's."""
+    of it); recipe_params: of the job's resolved recipe; bench_params: of bench.recipe's;
+    corpus_params: of pipeline.recipes[0]'s."""
     from nmt.recipes import resolve
 
     out = {k: lookup(config, k) for k in params if k != "params.yaml"}
     if "params.yaml" in params:
         out["params.yaml"] = config
-    for keys, name in ((recipe_params, recipe), (bench_params, config["bench"]["recipe"])):
+    for keys, name in ((recipe_params, recipe), (bench_params, config["bench"]["recipe"]),
+                       (corpus_params, config["pipeline"]["recipes"][0])):
         if keys:
             resolved = resolve(config, name)
             out |= {f"{name}:{k}": lookup(resolved, k) for k in keys}
@@ -283,7 +294,8 @@ def smk_rule(stage: Stage, stages: dict) -> str:
     lines += [f"            {item}," for item in code_items(own)] + ["        ],"]
     lines += ["    output:"] + [f"        {output_expr(stage, p)}," for p in stage.outputs()]
     declared = {k: v for k, v in (("params", stage.params), ("recipe_params",
-                stage.recipe_params), ("bench_params", stage.bench_params)) if v}
+                stage.recipe_params), ("bench_params", stage.bench_params),
+                ("corpus_params", stage.corpus_params)) if v}
     if "recipe_params" in declared and "recipe" not in stage.per:
         raise ValueError(f"stage {stage.name}: recipe_params, but it does not run per recipe")
     uses_bench = "bench" in placeholders(stage.cmd)

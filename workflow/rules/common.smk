@@ -6,12 +6,13 @@ from nmt.recipes import resolve
 from nmt.stages import declared_values, lookup
 
 
-def declared(params=(), recipe_params=(), bench_params=()):
+def declared(params=(), recipe_params=(), bench_params=(), corpus_params=()):
     """A job's `values` param: the values of the keys its stage declares, as JSON (params:
     keys of params.yaml; recipe_params: of the job's recipe, resolved; bench_params: of
-    bench.recipe's). Snakemake re-runs a job when its params change."""
+    bench.recipe's; corpus_params: of pipeline.recipes[0]'s, the corpus's). Snakemake re-runs
+    a job when its params change."""
     return lambda wildcards: declared_values(
-        config, params, recipe_params, bench_params, wildcards.get("recipe")
+        config, params, recipe_params, bench_params, corpus_params, wildcards.get("recipe")
     )
 
 

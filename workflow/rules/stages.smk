@@ -9,6 +9,7 @@
 SHARED_CODE = [
     "src/nmt/__init__.py",
     "src/nmt/cli.py",
+    "src/nmt/corpus.py",
     "src/nmt/errors.py",
     "src/nmt/orchestrators.py",
     "src/nmt/params.py",
@@ -38,9 +39,30 @@ rule config:
         "nmt config --recipe {wildcards.recipe} --out params/{wildcards.recipe}.yaml 2> {log}"
 
 
-rule download:
+rule sources:
     input:
         "workflow/multi30k.sha256",
+        code=[
+            *SHARED_CODE,
+            "src/nmt/sources.py",
+            "src/nmt/files.py",
+        ],
+    output:
+        "params/sources.sha256",
+    params:
+        values=declared(corpus_params=["data.corpus", "data.files", "data.huggingface",
+                                       "data.source_lang", "data.target_lang", "data.testsets"]),
+    log:
+        "logs/sources.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt sources --out params/sources.sha256 2> {log}"
+
+
+rule download:
+    input:
+        "params/sources.sha256",
         code=[
             *SHARED_CODE,
             "src/nmt/download.py",
@@ -49,8 +71,9 @@ rule download:
     output:
         directory("data/raw"),
     params:
-        values=declared(params=["data.base_url", "data.source_lang", "data.target_lang",
-                                "data.testsets"]),
+        values=declared(corpus_params=["data.corpus", "data.base_url", "data.files",
+                                       "data.huggingface", "data.source_lang", "data.target_lang",
+                                       "data.testsets"]),
     log:
         "logs/download.log",
     conda:
@@ -71,9 +94,9 @@ rule tokenize:
     output:
         directory("data/tokenized"),
     params:
-        values=declared(params=["data.source_lang", "data.target_lang", "data.testsets",
-                                "data.max_train_pairs", "data.max_test_pairs",
-                                "tokenize.batch_size", "tokenize.words"]),
+        values=declared(corpus_params=["data.source_lang", "data.target_lang", "data.testsets",
+                                       "data.max_train_pairs", "data.max_test_pairs",
+                                       "tokenize.batch_size", "tokenize.words"]),
     threads: 4
     log:
         "logs/tokenize.log",

@@ -1,0 +1,175 @@
+"""data.corpus files and huggingface: download writes the same data/raw for both, checks what
+it reads, and every bad input is one line naming the key and the fix."""
+
+import gzip
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, edit_params
+from corpora import LANGS, corpus_data, sentences, write_files, write_parquet
+from nmt import preflight, sources
+from nmt.download import RECORD, download
+from nmt.download import Paths as DownloadPaths
+from nmt.errors import NmtError
+from nmt.files import sha256
+from nmt.params import load_params
+from nmt.tokenize import Paths as TokenizePaths
+from nmt.tokenize import tokenize
+
+DATA = load_params(REPO / "params.yaml")["data"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, mirror):
+    root = tmp_path_factory.mktemp("corpus")
+    return {"root": root, "files": write_files(mirror, root / "files"),
+            "translation": write_parquet(mirror, root / "hf_translation"),
+            "columns": write_parquet(mirror, root / "hf_columns", layout="columns"),
+            "sentences": sentences(mirror)}
+
+
+def settings(kind: str, entry: dict) -> dict:
+    return {"data": DATA | corpus_data(kind, entry), "tokenize": {"batch_size": 1000}}
+
+
+def fetch(kind: str, entry: dict, out):
+    download(settings(kind, entry), DownloadPaths(out))
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def test_files_and_both_huggingface_layouts_give_the_same_raw_files(corpus, tmp_path):
+    raw = fetch("files", corpus["files"], tmp_path / "files")
+    assert raw == fetch("huggingface", corpus["translation"], tmp_path / "translation")
+    assert raw == fetch("huggingface", corpus["columns"], tmp_path / "columns")
+    names = [f"{split}.{lang}.gz" for split in ("train", "val", "news_test") for lang in LANGS]
+    assert sorted(raw) == sorted(names + [RECORD])
+    for split, sides in corpus["sentences"].items():
+        for lang, lines in sides.items():
+            assert gzip.decompress(raw[f"{split}.{lang}.gz"]).decode().splitlines() == lines
+    recorded = dict(reversed(line.split("  ")) for line in raw[RECORD].decode().splitlines())
+    assert recorded == {n: sha256(tmp_path / "files" / n) for n in names}
+
+
+def test_tokenize_reads_a_corpus_with_its_own_test_set(corpus, tmp_path):
+    fetch("files", corpus["files"], tmp_path / "raw")
+    stats = tokenize(settings("files", corpus["files"]) | {"data": DATA | corpus_data(
+        "files", corpus["files"])}, TokenizePaths(tmp_path / "raw", tmp_path / "tok"))
+    assert stats["news_test.en"]["sentences"] == 50 and stats["train.de"]["sentences"] == 800
+
+
+def bad_files(corpus, tmp_path, split="train", lang="en", lines=None, raw_bytes=None):
+    """corpus["files"] with one file replaced by `lines` (or bytes)."""
+    files = {s: dict(sides) for s, sides in corpus["files"].items()}
+    path = tmp_path / f"bad.{split}.{lang}"
+    path.write_bytes(raw_bytes if raw_bytes is not None
+                     else "".join(x + "\n" for x in lines).encode())
+    files[split][lang] = str(path)
+    return files
+
+
+@pytest.mark.parametrize("case, want", [
+    ("missing", "params.yaml: data.files.train.en: {missing} does not exist (fix: correct the "
+                "path"),
+    ("shorter", "data.files.train: train has 800 de but 799 en sentences: the sides do not "
+                "pair up (fix: give both sides one sentence a line"),
+    ("empty", "data.files.val: val is empty (fix: point it at a corpus with sentences)"),
+    ("corrupt", "params.yaml: data.files.train.en: {corrupt} is unreadable"),
+])
+def test_bad_files_are_one_line_and_leave_nothing(corpus, tmp_path, case, want):
+    lines = corpus["sentences"]["train"]["en"]
+    if case == "missing":
+        files = bad_files(corpus, tmp_path, lines=[])
+        files["train"]["en"] = str(tmp_path / "nope.en")
+    elif case == "shorter":
+        files = bad_files(corpus, tmp_path, lines=lines[:-1])
+    elif case == "empty":  # both sides of val empty
+        files = bad_files(corpus, tmp_path, "val", "de", lines=[])
+        files["val"]["en"] = files["val"]["de"]
+    else:
+        files = bad_files(corpus, tmp_path, raw_bytes=b"\x1f\x8bnot gzip")
+        (tmp_path / "bad.train.en").rename(tmp_path / "bad.train.en.gz")
+        files["train"]["en"] = str(tmp_path / "bad.train.en.gz")
+    with pytest.raises(NmtError) as e:
+        download(settings("files", files), DownloadPaths(tmp_path / "raw"))
+    message = str(e.value)
+    assert "\n" not in message
+    assert want.format(missing=tmp_path / "nope.en", corrupt=tmp_path / "bad.train.en.gz") in \
+        message, message
+    assert not (tmp_path / "raw").exists() and not list(tmp_path.glob(".raw.*"))
+
+
+def test_bad_huggingface_datasets_are_one_line(corpus, tmp_path):
+    hf = corpus["translation"]
+    other = tmp_path / "hf_other"  # a dataset with neither a translation nor de/en columns
+    (other / "data").mkdir(parents=True)
+    for name in ("train", "validation", "test"):
+        pd.DataFrame({"text": ["a"], "label": [1]}).to_parquet(
+            other / "data" / f"{name}-00000.parquet")
+    cases = [
+        ({**hf, "splits": {**hf["splits"], "val": "nosuch"}},
+         "params.yaml: data.huggingface.splits.val: 'nosuch': Unknown split"),
+        ({**hf, "path": str(tmp_path / "no_such_folder")},
+         "params.yaml: data.huggingface.path: cannot load"),
+        ({**hf, "path": str(other)}, "params.yaml: data.huggingface.splits.train: "
+         f"{other} has no de/en text (columns: label, text)"),
+    ]
+    for entry, want in cases:
+        with pytest.raises(NmtError) as e:
+            download(settings("huggingface", entry), DownloadPaths(tmp_path / "raw"))
+        assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
+        assert not (tmp_path / "raw").exists()
+
+
+def test_params_name_what_a_corpus_lacks(params_file, corpus):
+    files = {s: v for s, v in corpus["files"].items() if s != "news_test"}
+    cases = [
+        (corpus_data("files", files), "params.yaml: data.files: the test set news_test has no "
+         "de file (fix: add data.files.news_test.de: <path>, or remove news_test from "
+         "data.testsets)"),
+        (corpus_data("huggingface", {"path": "x", "splits": {"train": "train"}}),
+         "params.yaml: data.huggingface.splits: the split val has no datasets split"),
+        (corpus_data("huggingface", {}), "params.yaml: data: corpus huggingface needs "
+         "data.huggingface"),
+    ]
+    text = params_file.read_text()
+    for data, want in cases:
+        params_file.write_text(text)
+        edit_params(params_file, data=data, evaluate={"testsets": ["news_test"]})
+        with pytest.raises(NmtError) as e:
+            load_params(params_file)
+        assert want in str(e.value), str(e.value)
+
+
+def test_one_pipeline_trains_on_one_corpus(params_file, corpus):
+    params = yaml.safe_load(params_file.read_text())
+    params["recipes"]["demo"]["data"] = corpus_data("files", corpus["files"])
+    params["recipes"]["demo"]["evaluate"]["testsets"] = ["news_test"]
+    params["pipeline"]["recipes"] = ["published", "demo"]
+    params_file.write_text(yaml.safe_dump(params))
+    with pytest.raises(NmtError, match="pipeline.recipes: published and demo read different "
+                                       "data sections"):
+        load_params(params_file)
+    params["pipeline"]["recipes"], params["bench"]["recipe"] = ["demo"], "demo"
+    params_file.write_text(yaml.safe_dump(params))
+    loaded = load_params(params_file)  # alone, the demo recipe brings its corpus
+    preflight.check_settings(loaded, params_file.parent)
+    params["recipes"]["demo"]["data"]["files"]["val"]["en"] = "corpora/none.en"
+    params_file.write_text(yaml.safe_dump(params))
+    with pytest.raises(NmtError, match=r"recipes.demo.data.files.val.en: .*none.en does not "
+                                       "exist"):
+        preflight.check_settings(load_params(params_file), params_file.parent)
+
+
+def test_sources_change_only_when_a_corpus_file_does(corpus, tmp_path):
+    files = bad_files(corpus, tmp_path, lines=corpus["sentences"]["train"]["en"])
+    record = tmp_path / "sources.sha256"
+    assert sources.refresh(settings("files", files), record)
+    before = record.read_text()
+    assert not sources.refresh(settings("files", files), record) and record.read_text() == before
+    (tmp_path / "bad.train.en").write_text("edited\n" * 800)
+    assert sources.refresh(settings("files", files), record)
+    assert record.read_text() != before and str(tmp_path / "bad.train.en") in record.read_text()
+    assert sources.refresh(settings("huggingface", corpus["translation"]), record)
+    assert "data/train-00000.parquet" in record.read_text()
