@@ -5,11 +5,14 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
 from nmt.data import (
     BUCKET_POOL,
+    Batches,
     Pairs,
     bucketed_sentence_batches,
+    collate,
     load_pairs,
     padding_fraction,
     sentence_batches,
@@ -107,3 +110,16 @@ def test_compact_pairs_behave_like_the_list(both):
     assert pairs.src.ids.dtype == np.int32 and pairs.src.ids.base is None  # one array a side
     with pytest.raises(IndexError):
         pairs[len(pairs)]
+
+
+def test_batch_tensors_are_what_collate_makes(both):
+    """Batches pad a batch with numpy from the id arrays: the tensors collate made of lists."""
+    pairs, listed = both
+    for multiple, limit in ((1, 0), (8, 0), (8, 20)):
+        batches = Batches(pairs, "tokens", 0, 600, shuffle=True, seed=3, pad_multiple=multiple,
+                          max_len=limit)
+        for idx in batches.indices(0)[:20]:
+            src, tgt = batches.batch(idx)
+            want_src, want_tgt = collate([listed[i] for i in idx], multiple, limit)
+            assert src.dtype == want_src.dtype == torch.long
+            assert src.equal(want_src) and tgt.equal(want_tgt)

@@ -109,6 +109,13 @@ def cmd_evaluate(args, params):
 
 
 def cmd_bench(args, params):
+    if args.data:  # the data stages at scale, on a corpus of its own
+        from nmt import databench
+
+        threads = args.threads or os.cpu_count() or 1
+        databench.bench_data(databench.Paths(raw=args.raw, json=args.json),
+                             databench.Budget(pairs=args.pairs, threads=threads))
+        return
     from nmt import bench
 
     recipe = args.recipe or params["bench"]["recipe"]
@@ -274,6 +281,14 @@ def add_model_stages(stage, opt: dict) -> None:
     s.add_argument("--repeats", type=int, default=None, help="the median of this many is shown")
     s.add_argument("--sentences", type=int, default=None, help="test sentences to decode")
     s.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    s.add_argument("--data", action="store_true",
+                   help="instead: time the data stages (download, tokenize, vocab, loading "
+                        "an epoch of batches) and their peak memory on a synthetic corpus of "
+                        "--pairs pairs built from the Multi30k files in --raw; --threads: "
+                        "tokenize's processes (default: every core)")
+    s.add_argument("--pairs", type=int, default=1_000_000, help="with --data: training pairs")
+    s.add_argument("--raw", type=Path, default=RAW,
+                   help="with --data: the Multi30k raw files (default: data/raw)")
 
 
 def add_other_commands(stage, opt: dict) -> None:

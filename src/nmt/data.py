@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain, islice
 from pathlib import Path
 
@@ -44,7 +45,7 @@ class Sentences:
         ids = np.fromiter(chain.from_iterable(seqs), dtype=np.int32, count=int(lengths.sum()))
         return cls(ids, np.concatenate([[0], np.cumsum(lengths)]))
 
-    @property
+    @cached_property
     def lengths(self) -> np.ndarray:
         return np.diff(self.starts)
 
@@ -53,6 +54,17 @@ class Sentences:
 
     def __getitem__(self, i: int) -> list[int]:
         return self.ids[self.starts[i] : self.starts[i + 1]].tolist()
+
+    def padded(self, idx: list[int], multiple: int = 1, limit: int = 0) -> torch.Tensor:
+        """(B, T) LongTensor of sentences idx, as `pad` makes it, but in a few numpy
+        operations rather than a tensor a sentence (an epoch of a million pairs: seconds)."""
+        lengths, starts = self.lengths[idx], self.starts[:-1][idx]
+        length = padded_length(int(lengths.max()), multiple, limit)
+        positions = np.arange(length)
+        real = positions < lengths[:, None]  # (B, T): holds an id, not <pad>
+        out = np.full((len(idx), length), PAD_ID, dtype=np.int64)
+        out[real] = self.ids[(starts[:, None] + positions)[real]]
+        return torch.from_numpy(out)
 
     def span(self, first: int, stop: int) -> Sentences:
         """Sentences first..stop-1, sharing this one's memory."""
@@ -265,8 +277,9 @@ class Batches:
         return self._order[1]
 
     def batch(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (src, tgt) tensors of one index list."""
-        return collate([self.pairs[i] for i in idx], self.pad_multiple, self.max_len)
+        """The (src, tgt) tensors of one index list (what collate makes of those pairs)."""
+        return (self.pairs.src.padded(idx, self.pad_multiple, self.max_len),
+                self.pairs.tgt.padded(idx, self.pad_multiple, self.max_len))
 
     def __len__(self) -> int:
         return len(self.indices())
