@@ -10,7 +10,7 @@ ifneq ($(wildcard $(MIRROR)/SHA256SUMS),)
 export MULTI30K_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: setup test reproduce demo demo-search smoke lint lock clean gpu-bundle
+.PHONY: setup test reproduce demo demo-search smoke bench-data lint lock clean gpu-bundle
 
 setup: $(VENV)/.installed  ## create .venv with the pinned dependencies (torch==2.13.0 included)
 
@@ -50,6 +50,14 @@ demo-search: setup  ## train the demo recipe's search steps (~10 min each), vali
 
 smoke: setup  ## the whole pipeline on tiny settings in a scratch copy, with DVC and Snakemake
 	$(BIN)/python -m pytest -m slow tests/test_pipeline.py
+
+# The data stages at scale: download, tokenize, vocab and an epoch of batches on a synthetic
+# corpus of PAIRS pairs built from the Multi30k files (data/raw; `nmt download` fetches them),
+# each step's seconds, pairs/s and peak memory; the report shows results/data_bench.json.
+PAIRS ?= 1000000
+bench-data: setup  ## time the data stages and their peak memory on 1 M pairs (~10 min on 2 cores)
+	test -f data/raw/train.de.gz || $(BIN)/nmt download --out data/raw
+	$(BIN)/nmt bench --data --pairs $(PAIRS) --raw data/raw --json results/data_bench.json
 
 lint: setup  ## ruff and snakemake --lint
 	$(BIN)/ruff check src tests

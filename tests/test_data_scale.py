@@ -1,12 +1,19 @@
 """The data stages at scale: compact pairs, the same batches as the list-based code, streamed
 tokenization (any process count), tokenize.words: false, vocab.bpe_sample, nmt bench --data."""
 
+import hashlib
+import json
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
+from nmt import databench, vocab
+from nmt import tokenize as tokenize_module
+from nmt.cli import main
 from nmt.data import (
     BUCKET_POOL,
     Batches,
@@ -18,7 +25,14 @@ from nmt.data import (
     sentence_batches,
     token_batches,
 )
+from nmt.errors import NmtError
+from nmt.params import load_params
+from nmt.report import data_bench_section
+from nmt.tokenize import Paths as TokenizePaths
+from nmt.tokenize import tokenize
 from nmt.vocab import load_codecs
+
+DATA = load_params(REPO / "params.yaml")["data"]
 
 # --- the list-based batching as it was, the reference the numpy version must match ----------
 
@@ -123,3 +137,136 @@ def test_batch_tensors_are_what_collate_makes(both):
             want_src, want_tgt = collate([listed[i] for i in idx], multiple, limit)
             assert src.dtype == want_src.dtype == torch.long
             assert src.equal(want_src) and tgt.equal(want_tgt)
+
+
+# sha256 (first 16 hex digits) of what the code before streaming and compact pairs (commit
+# 14db30e) wrote and batched for the `prepared` data: the same bytes, the same batches.
+BEFORE = {
+    "bpe/meta.json": "c27ee96c3db8e800",
+    "bpe/spm.model": "d8ec1c81520f0010",
+    "tokenized/stats.json": "ce8515ff07fb9758",
+    "tokenized/test_2016_flickr.de.tok": "691f0811ababa701",
+    "tokenized/test_2016_flickr.en.txt": "5017668da780f255",
+    "tokenized/train.de.tok": "6b872597cd401948",
+    "tokenized/train.de.txt": "17e36053806e5e5e",
+    "tokenized/train.en.tok": "6bac896dcd6468ce",
+    "tokenized/train.en.txt": "4cf5285426b1cae3",
+    "tokenized/val.en.tok": "17904156c3a8175c",
+    "word/meta.json": "3220f3e93871ac5d",
+    "word/src.json": "40fe691ddbb5ac65",
+    "word/tgt.json": "bd503f86eb5cb593",
+    # (batch order of epochs 0 and 1, the tensors of epoch 0), seed 0
+    "word-sentences-True": "a25f43a6a1015fb2 77764114519a9503",
+    "word-sentences-False": "67dfdcd795cbf64c a21b9f37e30ca54b",
+    "word-tokens-False": "100f8eb557484f81 4994adf9e5905007",
+    "bpe-sentences-True": "2492e39a2db77947 b49d51a81b60fc04",
+    "bpe-tokens-False": "f3a77111110ce159 3f96f1e5b49424e0",
+}
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def test_files_vocabularies_and_batches_are_those_of_before(prepared):
+    """Multi30k's own numbers do not move: tokenized files, vocabularies (meta.json included:
+    no bpe_sample key while it is 0) and batches, byte for byte."""
+    root = prepared["root"]
+    for name, want in BEFORE.items():
+        if "/" in name:
+            assert digest((root / name if name.startswith("tokenized") else
+                           root / "vocab" / name).read_bytes()) == want, name
+            continue
+        kind, batch_by, bucket = name.split("-")
+        pairs = load_pairs(prepared["tokenized"], "train", *load_codecs(prepared[kind]), 256)
+        batches = Batches(pairs, batch_by, 32, 4096, shuffle=True, seed=0,
+                          bucket=bucket == "True")
+        order = [batches.indices(epoch) for epoch in (0, 1)]
+        tensors = hashlib.sha256()
+        for src, tgt in batches:
+            tensors.update(src.numpy().tobytes())
+            tensors.update(tgt.numpy().tobytes())
+        assert f"{digest(json.dumps(order).encode())} {tensors.hexdigest()[:16]}" == want, name
+
+
+# --- tokenize: processes, tokenize.words: false ----------------------------------------------
+
+SETTINGS = {"data": DATA | {"max_train_pairs": 3000, "max_test_pairs": 100},
+            "tokenize": {"batch_size": 100, "words": True}}
+
+
+def test_tokenize_writes_the_same_bytes_in_any_number_of_processes(prepared, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setattr(tokenize_module, "PARALLEL_FROM", 0)  # workers even for tiny splits
+    one = tokenize(SETTINGS, TokenizePaths(prepared["raw"], tmp_path / "one"), processes=1)
+    two = tokenize(SETTINGS, TokenizePaths(prepared["raw"], tmp_path / "two"), processes=2)
+    assert one == two and one["train.de"]["sentences"] == 3000
+    for path in (tmp_path / "one").iterdir():
+        assert path.read_bytes() == (tmp_path / "two" / path.name).read_bytes(), path.name
+
+
+def test_words_false_writes_raw_text_only_and_word_recipes_say_so(prepared, tmp_path):
+    text = tmp_path / "text"
+    settings = SETTINGS | {"tokenize": {"batch_size": 100, "words": False}}
+    stats = tokenize(settings, TokenizePaths(prepared["raw"], text))
+    assert stats["train.en"] == {"sentences": 3000} and not list(text.glob("*.tok"))
+    assert (text / "val.en.txt").read_bytes() == (prepared["tokenized"] / "val.en.txt").read_bytes()
+    params = load_params(REPO / "params.yaml")
+    with pytest.raises(NmtError) as err:
+        vocab.build(params, vocab.Paths(text, tmp_path / "word"))
+    message = str(err.value)
+    assert "\n" not in message and "tokenize.words: false" in message
+    assert "fix: set tokenize.words: true and re-run nmt tokenize" in message
+    assert not (tmp_path / "word").exists()
+    with pytest.raises(NmtError, match="tokenize.words: false.*fix: set tokenize.words: true"):
+        load_pairs(text, "val", *load_codecs(prepared["word"]), 256)
+    # BPE reads the raw text: a folder without word tokens serves it as well.
+    pairs = load_pairs(text, "val", *load_codecs(prepared["bpe"]), 256)
+    assert list(pairs) == list(load_pairs(prepared["tokenized"], "val",
+                                          *load_codecs(prepared["bpe"]), 256))
+
+
+def test_bpe_sample_trains_on_a_seeded_sample_and_says_so(prepared, tmp_path):
+    params = load_params(REPO / "params.yaml")
+    sampled = params | {"vocab": params["vocab"] | {"kind": "bpe", "bpe_size": 500,
+                                                    "bpe_sample": 1500}}
+    metas = [vocab.build(sampled, vocab.Paths(prepared["tokenized"], tmp_path / name))
+             for name in ("a", "b")]
+    assert metas[0] == metas[1] and metas[0]["bpe_sample"] == 1500
+    models = {name: (tmp_path / name / "spm.model").read_bytes() for name in ("a", "b")}
+    assert models["a"] == models["b"]
+    whole = vocab.build(sampled | {"vocab": sampled["vocab"] | {"bpe_sample": 0}},
+                        vocab.Paths(prepared["tokenized"], tmp_path / "whole"))
+    assert "bpe_sample" not in whole
+    assert models["a"] != (tmp_path / "whole" / "spm.model").read_bytes()
+
+
+# --- nmt bench --data --------------------------------------------------------------------------
+
+def test_bench_data_runs_every_step_and_reports_its_peak(prepared, tmp_path, capsys):
+    out = tmp_path / "data_bench.json"
+    # 3,000 pairs fill no 32k BPE: a smaller one, as the wmt14 recipe's would be at scale.
+    budget = databench.Budget(pairs=3000, threads=2, bpe_size=500, bpe_sample=2000)
+    databench.bench_data(databench.Paths(raw=prepared["raw"], json=out), budget)
+    result = json.loads(out.read_text())
+    assert [s["step"] for s in result["steps"]] == list(databench.STEPS)
+    for step in result["steps"]:
+        assert step["seconds"] > 0 and step["pairs_per_second"] > 0 and step["peak_rss_gb"] > 0
+    steps = {s["step"]: s for s in result["steps"]}
+    assert steps["tokenize"]["sentences"] == steps["tokenize_text"]["sentences"] == 3000
+    assert steps["load_word"]["batches"] > 0 and steps["vocab_bpe"]["src_size"] == 500
+    assert result["pairs"] == 3000 and result["within_limit"]
+    table = capsys.readouterr().out
+    assert "peak RSS GB" in table and "load_bpe" in table
+    lines = data_bench_section(SimpleNamespace(results=tmp_path))
+    assert "Data stages at scale" in lines[0] and any("load_pairs" in line for line in lines)
+    assert data_bench_section(SimpleNamespace(results=tmp_path / "none")) == []
+
+
+def test_bench_data_without_the_multi30k_files_is_one_line(params_file, tmp_path, capsys):
+    assert main(["--params", str(params_file), "bench", "--data", "--raw",
+                 str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"nmt bench: error: {tmp_path / 'empty'} lacks the Multi30k raw files (train, "
+                   "val, test_2016_flickr; de, en) (fix: run `nmt download` first, or give --raw "
+                   "a folder holding them)")

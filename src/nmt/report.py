@@ -538,6 +538,9 @@ def setup_section(inp: Inputs) -> list[str]:
              "longest |", "|---|---|---|---|---|"]
     for split in ("train", "val", *inp.testsets):
         s, t = data[f"{split}.{src_lang}"], data[f"{split}.{tgt_lang}"]
+        if "tokens" not in s:  # tokenize.words: false wrote raw text only
+            lines += [f"| {split} | {s['sentences']:,} | - | - | - |"]
+            continue
         lines += [f"| {split} | {s['sentences']:,} | {s['tokens']:,} | {t['tokens']:,} | "
                   f"{max(s['max_len'], t['max_len'])} |"]
     lines += [""]
@@ -553,6 +556,25 @@ def setup_section(inp: Inputs) -> list[str]:
                   yaml.safe_dump({k: r[k] for k in ("vocab", "model", "train", "evaluate")},
                                  sort_keys=False).rstrip(), "```", ""]
     return lines
+
+
+def data_bench_section(inp: Inputs) -> list[str]:
+    """results/data_bench.json (`nmt bench --data`, `make bench-data`), when there: each data
+    stage's seconds, pairs a second and peak memory on a synthetic corpus of a million pairs."""
+    path = inp.results / "data_bench.json"
+    if not path.is_file():
+        return []
+    bench = read_json(path)
+    rows = [{"step": s["what"], "seconds": s["seconds"], "pairs/s": f"{s['pairs_per_second']:,}",
+             "peak RSS (GB)": s["peak_rss_gb"]} for s in bench["steps"]]
+    verdict = "within" if bench["within_limit"] else "over"
+    return [f"## Data stages at scale (`nmt bench --data`, {bench['pairs']:,} pairs)", "",
+            f"Corpus: {bench['corpus']}; tokenize in {bench['threads']} process(es) on "
+            f"{bench['cpus']} CPUs. Each step ran in a process of its own; its peak is the "
+            "summed resident memory of that process and the processes it started.", "",
+            md_table(pd.DataFrame(rows), ".2f", text=True), "",
+            f"Highest peak: {bench['peak_rss_gb']:.2f} GB, {verdict} the "
+            f"{bench['limit_gb']:g} GB goal.", ""]
 
 
 # --- the stage -------------------------------------------------------------------------------
@@ -597,7 +619,7 @@ def report(settings: dict, paths: Paths) -> None:
              + search_section(inp) + ablation_section(inp) + reference_section(inp)
              + training_section(inp, figures)
              + verification_section(inp) + samples_section(inp)
-             + attention_section(inp, figures) + setup_section(inp))
+             + attention_section(inp, figures) + setup_section(inp) + data_bench_section(inp))
     write_tables(inp, out)
     write_text(out / "report.md", "\n".join(lines))
     log.info("wrote %s, results.csv (%d rows), results_summary.csv, metrics.json, "
