@@ -33,8 +33,8 @@ Pair = tuple[list[int], list[int]]
 @dataclass(frozen=True)
 class Sentences:
     """One side of a split as token ids, end to end in one int32 array: sentence i is
-    ids[starts[i]:starts[i + 1]]. A million sentences take tens of MB, where lists of
-    Python ints took gigabytes and minutes to build."""
+    ids[starts[i]:starts[i + 1]]. A million sentences take about 60 MB, a small share of
+    what lists of Python ints took (an object and a pointer an id, a list a sentence)."""
 
     ids: np.ndarray  # int32, every sentence's ids, <bos> ... <eos> included
     starts: np.ndarray  # int64, len(self) + 1 offsets into ids
@@ -116,15 +116,16 @@ CHUNK_LINES = 50_000
 def read_side(path: Path, codec, max_len: int) -> Sentences:
     """One side's sentences as <bos> ids <eos>, encoded while the file streams past. Over-long
     sentences keep their first max_len - 2 tokens and still end in <eos>."""
-    chunks, lengths = [], []
+    id_chunks, length_chunks = [], []
     lines = iter_lines(path)
     while chunk := list(islice(lines, CHUNK_LINES)):
         encoded = [[BOS_ID, *ids[: max_len - 2], EOS_ID] for ids in codec.encode_lines(chunk)]
-        lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-        chunks.append(np.fromiter(chain.from_iterable(encoded), dtype=np.int32,
-                                  count=int(lengths[-1].sum())))
-    lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-    return Sentences(np.concatenate(chunks) if chunks else np.zeros(0, np.int32),
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        id_chunks.append(np.fromiter(chain.from_iterable(encoded), dtype=np.int32,
+                                     count=int(lengths.sum())))
+        length_chunks.append(lengths)
+    lengths = np.concatenate(length_chunks) if length_chunks else np.zeros(0, np.int64)
+    return Sentences(np.concatenate(id_chunks) if id_chunks else np.zeros(0, np.int32),
                      np.concatenate([[0], np.cumsum(lengths)]))
 
 
