@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 # split -> (Multi30k file it is cut from, pairs); the test set has a name of its own.
-SPLITS = {"train": ("train", 800), "val": ("val", 60), "news_test": ("test_2016_flickr", 50)}
+SPLITS = {"train": ("train", 1000), "val": ("val", 60), "news_test": ("test_2016_flickr", 50)}
 LANGS = ("de", "en")
 
 

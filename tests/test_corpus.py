@@ -56,7 +56,7 @@ def test_tokenize_reads_a_corpus_with_its_own_test_set(corpus, tmp_path):
     fetch("files", corpus["files"], tmp_path / "raw")
     stats = tokenize(settings("files", corpus["files"]) | {"data": DATA | corpus_data(
         "files", corpus["files"])}, TokenizePaths(tmp_path / "raw", tmp_path / "tok"))
-    assert stats["news_test.en"]["sentences"] == 50 and stats["train.de"]["sentences"] == 800
+    assert stats["news_test.en"]["sentences"] == 50 and stats["train.de"]["sentences"] == 1000
 
 
 def bad_files(corpus, tmp_path, split="train", lang="en", lines=None, raw_bytes=None):
@@ -72,7 +72,7 @@ def bad_files(corpus, tmp_path, split="train", lang="en", lines=None, raw_bytes=
 @pytest.mark.parametrize("case, want", [
     ("missing", "params.yaml: data.files.train.en: {missing} does not exist (fix: correct the "
                 "path"),
-    ("shorter", "data.files.train: train has 800 de but 799 en sentences: the sides do not "
+    ("shorter", "data.files.train: train has 1000 de but 999 en sentences: the sides do not "
                 "pair up (fix: give both sides one sentence a line"),
     ("empty", "data.files.val: val is empty (fix: point it at a corpus with sentences)"),
     ("corrupt", "params.yaml: data.files.train.en: {corrupt} is unreadable"),
@@ -168,7 +168,7 @@ def test_sources_change_only_when_a_corpus_file_does(corpus, tmp_path):
     assert sources.refresh(settings("files", files), record)
     before = record.read_text()
     assert not sources.refresh(settings("files", files), record) and record.read_text() == before
-    (tmp_path / "bad.train.en").write_text("edited\n" * 800)
+    (tmp_path / "bad.train.en").write_text("edited\n" * 1000)
     assert sources.refresh(settings("files", files), record)
     assert record.read_text() != before and str(tmp_path / "bad.train.en") in record.read_text()
     assert sources.refresh(settings("huggingface", corpus["translation"]), record)

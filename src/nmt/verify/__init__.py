@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.data import Batches, load_pairs
+from nmt.errors import NmtError
 from nmt.files import write_json
 from nmt.models import ModelConfig
 from nmt.verify.checklist import Checklist, format_table, print_table
@@ -44,6 +45,11 @@ def real_batches(tokenized: Path, src_codec, tgt_codec, max_len: int) -> list:
     """The first TRAJECTORY_STEPS published-style batches (32 sentences, shuffled) of the
     training set: the checks need padded rows, whatever batching the recipe trains with."""
     pairs = load_pairs(tokenized, "train", src_codec, tgt_codec, max_len)
+    if len(pairs) < 32 * TRAJECTORY_STEPS:
+        raise NmtError(f"the train split has {len(pairs)} pairs, and verify trains "
+                       f"{TRAJECTORY_STEPS} batches of 32 (fix: a corpus of at least "
+                       f"{32 * TRAJECTORY_STEPS} training pairs, or a larger "
+                       "data.max_train_pairs)")
     return list(Batches(pairs, "sentences", 32, 0, shuffle=True, seed=0))[:TRAJECTORY_STEPS]
 
 
