@@ -230,7 +230,8 @@ def add_data_stages(stage, opt: dict) -> None:
     s.add_argument("--out", type=Path, default=RAW)
     s = stage("tokenize", cmd_tokenize,
               "Read data/raw, tokenize with spaCy's rule-based tokenizers and write "
-              "data/tokenized/<split>.<lang>.{txt,tok} and stats.json.")
+              "data/tokenized/<split>.<lang>.{txt,tok} and stats.json (tokenize.words: false: "
+              "the .txt files only, no spaCy), streaming, a split at a time.")
     s.add_argument("--raw", type=Path, default=RAW)
     s.add_argument("--out", type=Path, default=TOKENIZED)
     # Not `threads` (which sets torch's threads and imports torch): spaCy processes.
