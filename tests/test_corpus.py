@@ -18,7 +18,8 @@ from nmt.params import load_params
 from nmt.tokenize import Paths as TokenizePaths
 from nmt.tokenize import tokenize
 
-DATA = load_params(REPO / "params.yaml")["data"]
+PARAMS = load_params(REPO / "params.yaml")
+DATA = PARAMS["data"]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def corpus(tmp_path_factory, mirror):
 
 
 def settings(kind: str, entry: dict) -> dict:
-    return {"data": DATA | corpus_data(kind, entry), "tokenize": {"batch_size": 1000}}
+    return {"data": DATA | corpus_data(kind, entry), "tokenize": PARAMS["tokenize"]}
 
 
 def fetch(kind: str, entry: dict, out):
@@ -140,6 +141,13 @@ def test_params_name_what_a_corpus_lacks(params_file, corpus):
         with pytest.raises(NmtError) as e:
             load_params(params_file)
         assert want in str(e.value), str(e.value)
+
+
+def test_word_vocabularies_need_word_tokens(params_file):
+    edit_params(params_file, tokenize={"words": False})
+    with pytest.raises(NmtError, match=r"params.yaml: vocab: vocab.kind word needs spaCy's word "
+                                       r"tokens, but tokenize: tokenize.words is false \(fix:"):
+        load_params(params_file)
 
 
 def test_one_pipeline_trains_on_one_corpus(params_file, corpus):

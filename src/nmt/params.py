@@ -148,6 +148,10 @@ def check_recipe(params: dict, name: str) -> None:
         raise NmtError(f"params.yaml: {at('model')}: tie_embeddings needs one shared vocabulary "
                        "(fix: set vocab.kind: bpe or tie_embeddings: false)")
     check_corpus(r["data"], f"recipes.{name}.data" if "data" in overridden else "data")
+    if not r["tokenize"]["words"] and r["vocab"]["kind"] == "word":
+        raise NmtError(f"params.yaml: {at('vocab')}: vocab.kind word needs spaCy's word tokens, "
+                       f"but {at('tokenize')}: tokenize.words is false (fix: set "
+                       "tokenize.words: true, or vocab.kind: bpe)")
     missing = [x for x in r["evaluate"]["testsets"] if x not in r["data"]["testsets"]]
     if missing:
         raise NmtError(f"params.yaml: {at('evaluate')}: evaluate.testsets names "

@@ -100,7 +100,8 @@ def check_inputs(params: dict, root: Path = Path(".")) -> None:
     if not stats.is_file():
         return  # not tokenized yet (or half written: tokenize renames its folder when done)
     for key, counts in json.loads(stats.read_text()).items():
-        for ext in ("txt", "tok"):
+        # tokenize.words: false writes no .tok files (and no token counts)
+        for ext in ("txt", "tok") if "tokens" in counts else ("txt",):
             path = tokenized / f"{key}.{ext}"
             lines = path.read_bytes().count(b"\n") if path.is_file() else None
             if lines != counts["sentences"]:
