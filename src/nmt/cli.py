@@ -25,12 +25,13 @@ from nmt.params import load_params
 from nmt.recipes import resolve
 from nmt.runs import MODEL_NAMES, Run
 
-RAW, TOKENIZED, VOCAB, RESULTS, REPORTS = (
-    Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"))
+RAW, TOKENIZED, VOCAB, RESULTS, REPORTS, EXPORTS = (
+    Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"),
+    Path("exports"))
 # The pipeline's stages: each writes into the folder, so each refuses to run while the other
 # orchestrator holds it (nmt.orchestrators).
 STAGES = ("sources", "download", "tokenize", "config", "vocab", "verify", "train", "evaluate",
-          "bench", "report")
+          "export", "bench", "report")
 
 
 def recipe_vocab(args) -> Path:
@@ -106,6 +107,15 @@ def cmd_evaluate(args, params):
     run = Run(args.recipe, args.model, args.seed)
     evaluate.evaluate(resolve(params, args.recipe), evaluate.Paths(
         tokenized=args.tokenized, vocab=recipe_vocab(args), run=run.files(args.results)))
+
+
+def cmd_export(args, params):
+    from nmt import export
+
+    run = Run(args.recipe, args.model, args.seed)
+    export.export(resolve(params, args.recipe), export.Paths(
+        run=run.files(args.results), vocab=recipe_vocab(args), tokenized=args.tokenized,
+        out=args.out or EXPORTS / run.name))
 
 
 def cmd_bench(args, params):
@@ -271,6 +281,14 @@ def add_model_stages(stage, opt: dict) -> None:
           "Read results/<recipe>-<model>-s<seed>/best.pt and the test sets, write metrics.json "
           "(loss, perplexity, BLEU greedy and beam, chrF), evaluation.json, translations/ and "
           "attention.json (one sentence's attention weights) to the same folder.", *run)
+    s = stage("export", cmd_export,
+              "Read results/<recipe>-<model>-s<seed>/best.pt and write it as a CTranslate2 "
+              "model folder, exports/<recipe>-<model>-s<seed>/ (with vocab/ and nmt.json), "
+              "after checking on validation pairs that the engine's per-token "
+              "log-probabilities are within 1e-4 of ours; baseline and scratch runs.",
+              *run[:-1])
+    s.add_argument("--out", type=Path, default=None,
+                   help="default: exports/<recipe>-<model>-s<seed>")
     s = stage("bench", cmd_bench,
               "Train both models for a fixed number of steps on the same real batches, then "
               "decode the same sentences greedily and with beam search; print a speed table.",
@@ -312,6 +330,14 @@ def add_other_commands(stage, opt: dict) -> None:
     s.add_argument("--vocab", type=Path, default=VOCAB, help="holds <recipe>/")
     s.add_argument("--beam", type=int, default=None, help="beam size (default: from params)")
     s.add_argument("--device", default="auto")
+    s.add_argument("--engine", choices=("torch", "ctranslate2"), default="torch",
+                   help="torch: the checkpoint in results/<run>; ctranslate2: its export in "
+                        "--exports/<run> (nmt export writes it)")
+    s.add_argument("--exports", type=Path, default=EXPORTS,
+                   help="with --engine ctranslate2: holds <run>/ (default: exports)")
+    s.add_argument("--compute-type", default="float32", choices=("float32", "int8"),
+                   help="with --engine ctranslate2: the weights' type (int8: quantized as "
+                        "the engine loads them)")
     s = stage("stages", cmd_stages,
               "Render dvc.yaml and Snakemake's rules (workflow/rules/stages.smk) from "
               "workflow/stages.yaml, the one declaration of every stage: print them, --write "

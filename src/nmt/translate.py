@@ -1,14 +1,21 @@
-"""`nmt translate`: German lines in, English lines out, with a trained run's checkpoint."""
+"""`nmt translate`: German lines in, English lines out, with a trained run's checkpoint, or with
+its CTranslate2 export (`--engine ctranslate2`, written by `nmt export`)."""
 
 from __future__ import annotations
 
 import codecs
 import logging
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from nmt.checkpoint import check_vocab, load
+from nmt.engine import Engine, tokens_of
 from nmt.errors import NmtError
+from nmt.files import read_json
 from nmt.recipes import resolve
 from nmt.runs import Run
 from nmt.runtime import pick_device
@@ -115,6 +122,42 @@ def encode_lines(lines: list[str], src_codec, max_len: int) -> list[list[int] | 
 
 
 def translate_cli(args, params: dict) -> None:
+    translator = engine_translator(args) if args.engine == "ctranslate2" else \
+        torch_translator(args, params)
+    # Decoding settings come from params.yaml (the recipe's there), not from the checkpoint:
+    # training does not depend on them, so checkpoints do not record them.
+    recipe = translator.recipe
+    ev = resolve(params, recipe)["evaluate"] if recipe in params["recipes"] else params["evaluate"]
+    beam = ev["beam_size"] if args.beam is None else args.beam
+    if beam < 1:
+        raise NmtError(f"--beam {beam}: a beam holds at least one hypothesis "
+                       "(fix: --beam 1 or more)")
+
+    sources = encode_lines(read_input(args), translator.src_codec, translator.max_len)
+    todo = [s for s in sources if s is not None]
+    log.info("translating %d lines with %s (beam %d)", len(todo), translator.name, beam)
+    dc = DecodeConfig.from_params(ev, "beam" if beam > 1 else "greedy", translator.max_len - 1,
+                                  beam_size=beam)
+    ids = iter(translator.translate(todo, dc))
+    for s in sources:
+        print(translator.tgt_codec.decode(next(ids)) if s is not None else "")
+
+
+@dataclass(frozen=True)
+class Translator:
+    """What translating needs, whichever engine decodes: its codecs and a function from source
+    id lists to output id lists."""
+
+    name: str  # what is shown: the checkpoint or export folder
+    recipe: str  # whose evaluate: settings decode
+    src_codec: object
+    tgt_codec: object
+    max_len: int  # the model's positions: inputs are cut to it
+    translate: Callable  # (sources, DecodeConfig) -> id lists
+
+
+def torch_translator(args, params: dict) -> Translator:
+    """Our model from a run's best.pt (or --checkpoint), on --device."""
     path, run = checkpoint_path(args)
     # A run's best.pt must hold what its recipe in params.yaml trains; a file named with
     # --checkpoint is taken as it is.
@@ -123,21 +166,24 @@ def translate_cli(args, params: dict) -> None:
     vocab_dir = Path(args.vocab) / ckpt["recipe"]
     src_codec, tgt_codec = load_codecs(vocab_dir)
     check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)
-    # Decoding settings come from params.yaml (the checkpoint's recipe there), not from the
-    # checkpoint: training does not depend on them, so checkpoints do not record them.
-    ev = resolve(params, ckpt["recipe"])["evaluate"] if ckpt["recipe"] in params["recipes"] \
-        else params["evaluate"]
-    max_len = ckpt["model_config"]["max_len"]
-    beam = ev["beam_size"] if args.beam is None else args.beam
-    if beam < 1:
-        raise NmtError(f"--beam {beam}: a beam holds at least one hypothesis "
-                       "(fix: --beam 1 or more)")
+    return Translator(str(path), ckpt["recipe"], src_codec, tgt_codec,
+                      ckpt["model_config"]["max_len"],
+                      lambda todo, dc: translate_batches(model, todo, dc, progress=False))
 
-    sources = encode_lines(read_input(args), src_codec, max_len)
-    todo = [s for s in sources if s is not None]
-    log.info("translating %d lines with %s (beam %d)", len(todo), path, beam)
-    dc = DecodeConfig.from_params(ev, "beam" if beam > 1 else "greedy", max_len - 1,
-                                  beam_size=beam)
-    ids = iter(translate_batches(model, todo, dc, progress=False))
-    for s in sources:
-        print(tgt_codec.decode(next(ids)) if s is not None else "")
+
+def engine_translator(args) -> Translator:
+    """The run's CTranslate2 export (nmt export), as --compute-type, on the CPU."""
+    if args.checkpoint is not None:
+        raise NmtError("--checkpoint reads a PyTorch checkpoint; the ctranslate2 engine reads "
+                       "an export (fix: --run <run> with --exports, or leave out --engine)")
+    run = Run.parse(args.run)
+    folder = Path(args.exports) / run.name
+    if not (folder / "nmt.json").is_file() or not (folder / "model.bin").is_file():
+        raise NmtError(f"{folder} holds no export (fix: `nmt export --recipe {run.recipe} "
+                       f"--model {run.model} --seed {run.seed}`)")
+    meta = read_json(folder / "nmt.json")
+    src_codec, tgt_codec = load_codecs(folder / "vocab")
+    engine = Engine(folder, tokens_of(src_codec), tokens_of(tgt_codec), args.compute_type,
+                    threads=torch.get_num_threads())
+    return Translator(f"{folder} ({args.compute_type})", meta["recipe"], src_codec, tgt_codec,
+                      meta["max_len"], engine.translate)

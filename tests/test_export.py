@@ -1,0 +1,184 @@
+"""nmt export and the CTranslate2 engine: a third implementation computing our models' function.
+
+Tiny models trained for a few hundred steps on the real Multi30k slice (word vocabularies and
+the joint BPE with tied embeddings, post-norm and pre-norm), exported, then compared with ours:
+per-token log-probabilities, greedy and beam outputs on every test sentence, and the CLI.
+Planted conversion bugs must make the export refuse.
+"""
+
+from dataclasses import asdict, replace
+from itertools import islice
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, edit_params
+from nmt import engine, export
+from nmt.checkpoint import save
+from nmt.cli import main
+from nmt.data import Batches, load_pairs
+from nmt.engine import Engine, tokens_of
+from nmt.errors import NmtError
+from nmt.models import ModelConfig, build_model
+from nmt.models.scratch import sinusoids
+from nmt.params import load_params
+from nmt.recipes import resolve
+from nmt.runs import Run
+from nmt.runtime import token_loss
+from nmt.search import DecodeConfig, translate_batches
+from nmt.vocab import BOS_ID, EOS_ID, load_codecs
+
+TINY = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
+                   dim_feedforward=64, dropout=0.1, max_len=64)
+STEPS = 300  # Adam steps: outputs that differ by sentence, most ending before their limit
+
+
+def settings_for(cfg: ModelConfig) -> dict:
+    """The published recipe with a tiny model: what the runs below were trained with."""
+    settings = resolve(load_params(REPO / "params.yaml"), "published")
+    settings["model"] = asdict(cfg)
+    settings["train"]["device"] = "cpu"
+    settings["evaluate"] |= {"batch_size": 32, "beam_size": 4}
+    return settings
+
+
+def train_run(folder: Path, name: str, cfg: ModelConfig, vocab: Path, tokenized: Path) -> None:
+    """A tiny model trained for STEPS steps, saved as the run's best.pt."""
+    src_codec, tgt_codec = load_codecs(vocab)
+    torch.manual_seed(0)
+    model = build_model(name, cfg, len(src_codec), len(tgt_codec))
+    pairs = load_pairs(tokenized, "train", src_codec, tgt_codec, cfg.max_len)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    batches = Batches(pairs, "sentences", 64, 0, shuffle=True, seed=0)
+    for epoch in range(STEPS // len(batches) + 1):
+        for src, tgt in islice(batches, STEPS - epoch * len(batches)):
+            loss, n = token_loss(model, src, tgt, torch.device("cpu"))
+            opt.zero_grad()
+            (loss / n).backward()
+            opt.step()
+    save(folder / "best.pt", model.eval(), name=name, recipe="published", cfg=cfg,
+         src_vocab_size=len(src_codec), tgt_vocab_size=len(tgt_codec),
+         params=settings_for(cfg))
+
+
+CASES = {  # run name -> (model, vocabulary kind, model settings)
+    "published-scratch-s0": ("scratch", "word", TINY),
+    "published-baseline-s0": ("baseline", "word", TINY),
+    "published-scratch-s1": ("scratch", "bpe", replace(TINY, tie_embeddings=True)),
+    "published-baseline-s1": ("baseline", "word", replace(TINY, norm_first=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(prepared, tmp_path_factory, one_thread) -> Path:
+    """results/ holding the CASES, trained."""
+    results = tmp_path_factory.mktemp("results")
+    for name, (model, kind, cfg) in CASES.items():
+        folder = results / name
+        folder.mkdir()
+        train_run(folder, model, cfg, prepared[kind], prepared["tokenized"])
+    return results
+
+
+def export_case(name: str, runs: Path, prepared, out: Path) -> dict:
+    model, kind, cfg = CASES[name]
+    return export.export(settings_for(cfg), export.Paths(
+        run=Run.parse(name).files(runs), vocab=prepared[kind], tokenized=prepared["tokenized"],
+        out=out / name))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_export_decodes_as_our_model_does(name, runs, prepared, tmp_path, one_thread):
+    check = export_case(name, runs, prepared, tmp_path)
+    assert check["max_abs_logprob_diff"] <= 1e-4 and check["greedy_identical"] == check["pairs"]
+    model_name, kind, cfg = CASES[name]
+    from nmt.checkpoint import load
+
+    model, _ = load(runs / name / "best.pt")
+    src_codec, tgt_codec = load_codecs(tmp_path / name / "vocab")
+    test = load_pairs(prepared["tokenized"], "test_2016_flickr", src_codec, tgt_codec, cfg.max_len)
+    eng = Engine(tmp_path / name, tokens_of(src_codec), tokens_of(tgt_codec))
+    for method in ("greedy", "beam"):
+        dc = DecodeConfig.from_params(settings_for(cfg)["evaluate"], method, cfg.max_len - 1)
+        ours, theirs = translate_batches(model, test, dc, progress=False), eng.translate(test, dc)
+        assert len({tuple(h) for h in ours}) > len(test) // 2  # the model tells sentences apart
+        differ = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
+        if method == "greedy":
+            assert differ == []
+            continue
+        # The engine keeps the K finished hypotheses its own length penalty ranks best; when
+        # more than K finish, GNMT's best can be one it dropped. Then ours scores higher.
+        assert len(differ) <= len(test) // 50, differ
+        for i in differ:
+            src = test[i][0]
+            assert gnmt(model, src, ours[i], dc.length_penalty) > gnmt(
+                model, src, theirs[i], dc.length_penalty)
+    if cfg.tie_embeddings:  # one matrix, stored once
+        assert (tmp_path / name / "model.bin").stat().st_size < 1.5 * sum(
+            p.numel() for p in model.parameters()) * 4
+
+
+@torch.inference_mode()
+def gnmt(model, src: list[int], out: list[int], alpha: float) -> float:
+    """The score nmt.search ranks a finished hypothesis by."""
+    logp = model(torch.tensor([src]), torch.tensor([[BOS_ID, *out]]))[0].float().log_softmax(-1)
+    total = sum(float(logp[t, w]) for t, w in enumerate([*out, EOS_ID]))
+    return total / ((5 + len(out) + 1) / 6) ** alpha
+
+
+def from_position_one(max_len, d_model):
+    """A planted bug: the positions of a table that starts at position 1."""
+    return sinusoids(max_len + 1, d_model)[1:]
+
+
+def without_final_norm_affine(spec, weights, table):
+    """A planted bug: the encoder's final LayerNorm without its learned scale and shift."""
+    fill_encoder(spec, weights, table)
+    spec.layer_norm.gamma = torch.ones_like(torch.from_numpy(spec.layer_norm.gamma)).numpy()
+    spec.layer_norm.beta = torch.zeros_like(torch.from_numpy(spec.layer_norm.beta)).numpy()
+
+
+fill_encoder = engine.fill_encoder
+
+
+@pytest.mark.parametrize("bug,target", [(from_position_one, "sinusoids"),
+                                        (without_final_norm_affine, "fill_encoder")])
+def test_a_wrong_conversion_is_refused_and_writes_nothing(bug, target, runs, prepared, tmp_path,
+                                                          monkeypatch, one_thread):
+    monkeypatch.setattr(engine, target, bug)
+    with pytest.raises(NmtError, match="log-probabilities differ from ours by up to"):
+        export_case("published-scratch-s0", runs, prepared, tmp_path)
+    assert list(tmp_path.iterdir()) == []  # no export, no temporary folder
+
+
+def test_translate_with_the_engine_prints_what_our_model_prints(runs, prepared, tmp_path,
+                                                                 params_file, capsys):
+    export_case("published-scratch-s0", runs, prepared, tmp_path / "exports")
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "published").symlink_to(prepared["word"])
+    edit_params(params_file, model=asdict(TINY))
+    base = ["--params", str(params_file), "translate", "--run", "published-scratch-s0",
+            "--results", str(runs), "--vocab", str(tmp_path / "vocab"), "--device", "cpu"]
+    engine_args = ["--engine", "ctranslate2", "--exports", str(tmp_path / "exports")]
+    lines = ["Ein Mann fährt mit dem Fahrrad.", "", "Zwei Hunde spielen im Schnee."]
+    for beam in ("1", "4"):
+        assert main(base + ["--beam", beam, *lines]) == 0
+        ours = capsys.readouterr().out
+        assert main(base + engine_args + ["--beam", beam, *lines]) == 0
+        assert capsys.readouterr().out == ours and len(ours.split("\n")) == 4
+    assert main(base + engine_args + ["--compute-type", "int8", *lines]) == 0
+    assert len(capsys.readouterr().out.split("\n")) == 4
+
+
+def test_what_cannot_be_exported_or_translated_is_one_line(runs, prepared, tmp_path, capsys):
+    with pytest.raises(NmtError, match="decoder-only model's attention"):
+        export.export(settings_for(TINY), export.Paths(
+            run=Run.parse("published-decoder_only-s0").files(runs), vocab=prepared["word"],
+            tokenized=prepared["tokenized"], out=tmp_path / "out"))
+    argv = ["--params", str(REPO / "params.yaml"), "translate", "--engine", "ctranslate2",
+            "--exports", str(tmp_path), "--run", "published-scratch-s0", "Hallo"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds no export (fix: `nmt export --recipe published --model scratch --seed 0`)" in err
+    assert len(err.splitlines()) == 1
