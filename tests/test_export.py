@@ -9,12 +9,13 @@ Planted conversion bugs must make the export refuse.
 from dataclasses import asdict, replace
 from itertools import islice
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from conftest import REPO, edit_params
-from nmt import engine, export
+from nmt import decodebench, engine, export
 from nmt.checkpoint import save
 from nmt.cli import main
 from nmt.data import Batches, load_pairs
@@ -24,6 +25,7 @@ from nmt.models import ModelConfig, build_model
 from nmt.models.scratch import sinusoids
 from nmt.params import load_params
 from nmt.recipes import resolve
+from nmt.report import decoding_section
 from nmt.runs import Run
 from nmt.runtime import token_loss
 from nmt.search import DecodeConfig, translate_batches
@@ -182,3 +184,26 @@ def test_what_cannot_be_exported_or_translated_is_one_line(runs, prepared, tmp_p
     err = capsys.readouterr().err.strip()
     assert "holds no export (fix: `nmt export --recipe published --model scratch --seed 0`)" in err
     assert len(err.splitlines()) == 1
+
+
+def test_bench_decoding_times_and_scores_every_decoder(runs, prepared, tmp_path, capsys):
+    name = "published-scratch-s0"
+    export_case(name, runs, prepared, tmp_path / "exports")
+    (tmp_path / name).mkdir()
+    paths = decodebench.Paths(run=Run.parse(name).files(runs), export=tmp_path / "exports" / name,
+                              vocab=prepared["word"], tokenized=prepared["tokenized"],
+                              json=tmp_path / name / "decoding.json")
+    out = decodebench.bench_decoding(settings_for(TINY), paths,
+                                     decodebench.Budget(repeats=1, sentences=30, threads=1))
+    rows = {(r["engine"], r["compute_type"], r["method"]): r for r in out["rows"]}
+    assert len(rows) == 6 and all(r["sentences_per_s"] > 0 for r in rows.values())
+    ours, theirs = rows["nmt", "float32", "greedy"], rows["ctranslate2", "float32", "greedy"]
+    assert ours["identical_to_nmt"] == theirs["identical_to_nmt"] == 30
+    assert ours["bleu"] == theirs["bleu"] and ours["tokens_per_s"] > ours["sentences_per_s"]
+    assert "nmt bench --decoding: published-scratch-s0, 30 sentences" in capsys.readouterr().out
+    section = "\n".join(decoding_section(SimpleNamespace(results=tmp_path)))
+    assert "## Decoding engines: published-scratch-s0" in section
+    assert "ctranslate2 int8" in section and "same as nmt" in section
+    paths = replace(paths, export=tmp_path / "none")
+    with pytest.raises(NmtError, match="holds no export"):
+        decodebench.bench_decoding(settings_for(TINY), paths, decodebench.Budget(1, 30, 1))

@@ -126,6 +126,20 @@ def cmd_bench(args, params):
         databench.bench_data(databench.Paths(raw=args.raw, json=args.json),
                              databench.Budget(pairs=args.pairs, threads=threads))
         return
+    if args.decoding:  # one trained run's decoding: ours against CTranslate2's
+        import torch
+
+        from nmt import decodebench
+
+        run = Run.parse(args.run)
+        decodebench.bench_decoding(resolve(params, run.recipe), decodebench.Paths(
+            run=run.files(args.results), export=args.exports / run.name,
+            vocab=args.vocab or VOCAB / run.recipe, tokenized=args.tokenized,
+            json=args.json or run.files(args.results).folder / "decoding.json"),
+            decodebench.Budget(repeats=args.repeats or params["bench"]["repeats"],
+                               sentences=args.sentences or 0,
+                               threads=torch.get_num_threads()))
+        return
     from nmt import bench
 
     recipe = args.recipe or params["bench"]["recipe"]
@@ -308,6 +322,15 @@ def add_model_stages(stage, opt: dict) -> None:
     s.add_argument("--pairs", type=int, default=1_000_000, help="with --data: training pairs")
     s.add_argument("--raw", type=Path, default=RAW,
                    help="with --data: the Multi30k raw files (default: data/raw)")
+    s.add_argument("--decoding", action="store_true",
+                   help="instead: decode the first test set with --run's best.pt (our greedy "
+                        "and beam search) and with its CTranslate2 export in fp32 and int8, "
+                        "on the same threads; speed, BLEU and agreement, written to --json "
+                        "(default: results/<run>/decoding.json)")
+    s.add_argument("--run", default="published-scratch-s0", help="with --decoding: the run")
+    s.add_argument("--results", type=Path, default=RESULTS, help="with --decoding: holds <run>/")
+    s.add_argument("--exports", type=Path, default=EXPORTS,
+                   help="with --decoding: holds <run>/, written by nmt export")
 
 
 def add_other_commands(stage, opt: dict) -> None:

@@ -582,6 +582,28 @@ def data_bench_section(inp: Inputs) -> list[str]:
             f"{bench['limit_gb']:g} GB goal.", ""]
 
 
+def decoding_section(inp: Inputs) -> list[str]:
+    """results/<run>/decoding.json (`nmt bench --decoding`), when there: our greedy and beam
+    search against CTranslate2's in fp32 and int8 on the run's weights, on the same threads."""
+    lines = []
+    for path in sorted(inp.results.glob("*/decoding.json")):
+        bench = read_json(path)
+        rows = [{"decoder": f"{r['engine']} {r['compute_type']}", "method": r["method"],
+                 "sentences/s": r["sentences_per_s"], "tokens/s": r["tokens_per_s"],
+                 "BLEU": r["bleu"], "same as nmt": f"{r['identical_to_nmt']}/{bench['sentences']}"}
+                for r in bench["rows"]]
+        check = bench.get("export_check") or {}
+        lines += [f"## Decoding engines: {bench['run']} (`nmt bench --decoding`)", "",
+                  f"{bench['sentences']} sentences of {bench['testset']}, beam "
+                  f"{bench['beam_size']}, {bench['threads']} CPU thread(s), median of "
+                  f"{bench['repeats']} alternating repeats. CTranslate2 decodes the run's export "
+                  f"(`nmt export`), whose per-token log-probabilities were within "
+                  f"{check.get('max_abs_logprob_diff', float('nan')):.1e} of ours on "
+                  f"{check.get('pairs', 0)} validation pairs; its beam search is ranked by GNMT "
+                  "as ours is.", "", md_table(pd.DataFrame(rows), ".2f", text=True), ""]
+    return lines
+
+
 # --- the stage -------------------------------------------------------------------------------
 
 def write_tables(inp: Inputs, out: Path) -> None:
@@ -624,7 +646,8 @@ def report(settings: dict, paths: Paths) -> None:
              + search_section(inp) + ablation_section(inp) + reference_section(inp)
              + training_section(inp, figures)
              + verification_section(inp) + samples_section(inp)
-             + attention_section(inp, figures) + setup_section(inp) + data_bench_section(inp))
+             + attention_section(inp, figures) + setup_section(inp) + data_bench_section(inp)
+             + decoding_section(inp))
     write_tables(inp, out)
     write_text(out / "report.md", "\n".join(lines))
     log.info("wrote %s, results.csv (%d rows), results_summary.csv, metrics.json, "
