@@ -195,6 +195,30 @@ def test_cache_reorder(name):
         torch.testing.assert_close(step, full[:, t], rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_cache_reorder_within_groups_keeps_the_source_side(name):
+    """Beam search's reorder(index, group): 2 beams a sentence with different prefixes; both
+    rows of each sentence then continue its second beam, as a full forward pass does."""
+    model = model_named(name)
+    src, tgt = padded_batch()
+    B = src.size(0)
+    sentence = torch.arange(B).repeat_interleave(2)  # rows 2s and 2s + 1: sentence s
+    prefix = torch.stack([tgt[sentence[0::2], :2], tgt[(sentence[1::2] + 1) % B, :2]], 1)
+    prefix = prefix.view(2 * B, 2)  # beam 0: the sentence's own start; beam 1: the next one's
+    index = (2 * sentence + 1)  # every row takes its sentence's beam 1
+    rest = tgt[sentence, 2:]
+    with torch.no_grad():
+        cache = model.init_cache(model.encode(src), src)
+        cache.reorder(sentence)
+        for t in range(2):
+            model.decode_step(cache, prefix[:, t])
+        cache.reorder(index, group=2)
+        steps = [model.decode_step(cache, rest[:, t]) for t in range(rest.size(1))]
+        full = model(src[sentence], torch.cat([prefix[index], rest], dim=1))
+    for t, step in enumerate(steps):
+        torch.testing.assert_close(step, full[:, t + 2], rtol=0, atol=1e-10)
+
+
 def test_attention_maps_mask_exactly():
     _, scratch = pair()
     src, tgt = padded_batch()

@@ -115,7 +115,8 @@ def beam_search(model, src: torch.Tensor, beam_size: int, length_penalty: float,
         scores, beam, tokens = top.gather(1, pick), beam.gather(1, pick), tok.gather(1, pick)
         alive = alive.gather(1, beam[:, :, None].expand(B, K, steps))
         alive[:, :, t] = tokens
-        cache.reorder((batch[:, None] * K + beam).view(-1))
+        # Each sentence's beams stay in its K rows: the source side of the cache stays put.
+        cache.reorder((batch[:, None] * K + beam).view(-1), group=K)
         tokens = tokens.view(-1)
 
         done |= (fin_scores.isfinite().sum(dim=1) >= K) | at_limit

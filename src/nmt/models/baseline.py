@@ -64,11 +64,14 @@ class PrefixCache:
     memory: torch.Tensor  # (B, S, D)
     src: torch.Tensor  # (B, S), for the memory padding mask
 
-    def reorder(self, index: torch.Tensor) -> "PrefixCache":
-        """Keep the rows in index (beam search's surviving hypotheses; rows may repeat)."""
+    def reorder(self, index: torch.Tensor, group: int = 1) -> "PrefixCache":
+        """Keep the rows in index (beam search's surviving hypotheses; rows may repeat).
+        group > 1: index keeps each row within its block of `group` rows (the beams of one
+        sentence), which share one source, so memory and src stay as they are."""
         self.tokens = self.tokens.index_select(0, index)
-        self.memory = self.memory.index_select(0, index)
-        self.src = self.src.index_select(0, index)
+        if group == 1:
+            self.memory = self.memory.index_select(0, index)
+            self.src = self.src.index_select(0, index)
         return self
 
 

@@ -59,8 +59,10 @@ class KVCache:
     lengths: torch.Tensor  # (B,) real source tokens
     length: int = 0  # t, target positions decoded so far
 
-    def reorder(self, index: torch.Tensor) -> "KVCache":
-        """Keep the rows in index (beam search's surviving hypotheses; rows may repeat)."""
+    def reorder(self, index: torch.Tensor, group: int = 1) -> "KVCache":
+        """Keep the rows in index (beam search's surviving hypotheses; rows may repeat).
+        Every row moves whatever `group` is: the source's keys and values share the target's
+        tensors here."""
         def pick(t):
             return t.index_select(0, index)
 

@@ -20,13 +20,17 @@ class KVCache:
     prefix_mask: torch.Tensor  # (B, 1, 1, t) True at non-pad prefix tokens
     length: int = 0  # t, positions decoded so far
 
-    def reorder(self, index: torch.Tensor) -> "KVCache":
-        """Keep the rows in index (beam search's surviving hypotheses; rows may repeat)."""
+    def reorder(self, index: torch.Tensor, group: int = 1) -> "KVCache":
+        """Keep the rows in index (beam search's surviving hypotheses; rows may repeat).
+        group > 1: index keeps each row within its block of `group` rows (the beams of one
+        sentence), which share one source, so the memory's keys and values stay as they are."""
         def pick(t):
             return t.index_select(0, index)
 
-        self.memory_mask, self.prefix_mask = pick(self.memory_mask), pick(self.prefix_mask)
-        self.cross_kv = [(pick(k), pick(v)) for k, v in self.cross_kv]
+        if group == 1:
+            self.memory_mask = pick(self.memory_mask)
+            self.cross_kv = [(pick(k), pick(v)) for k, v in self.cross_kv]
+        self.prefix_mask = pick(self.prefix_mask)
         self.self_kv = [(pick(k), pick(v)) for k, v in self.self_kv]
         return self
 
