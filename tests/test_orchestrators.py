@@ -134,9 +134,11 @@ def test_an_unwritable_results_folder_is_named(tmp_path):
         for folder in (root, root / "results"):
             folder.chmod(0o777)
         (root / "results" / "published-scratch-s0").chmod(0o555)
+        params = {"data": {"corpus": "multi30k", "testsets": [], "source_lang": "de",
+                           "target_lang": "en"},
+                  "pipeline": {"recipes": ["published"]}, "recipes": {"published": {}}}
         code = ("import sys; from pathlib import Path; from nmt.preflight import *\n"
-                "try:\n    check_settings({'data': {'testsets': []} | dict(source_lang='de', "
-                "target_lang='en')}, Path(sys.argv[1]))\n"
+                f"try:\n    check_settings({params!r}, Path(sys.argv[1]))\n"
                 "except Exception as e:\n    print(e)")
         (root / "workflow").mkdir(mode=0o755)
         (root / "workflow" / "multi30k.sha256").write_text(
