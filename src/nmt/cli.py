@@ -132,10 +132,10 @@ def cmd_bench(args, params):
         from nmt import decodebench
 
         run = Run.parse(args.run)
+        files = run.files(args.results)
         decodebench.bench_decoding(resolve(params, run.recipe), decodebench.Paths(
-            run=run.files(args.results), export=args.exports / run.name,
-            vocab=args.vocab or VOCAB / run.recipe, tokenized=args.tokenized,
-            json=args.json or run.files(args.results).folder / "decoding.json"),
+            run=files, export=args.exports / run.name, vocab=args.vocab or VOCAB / run.recipe,
+            tokenized=args.tokenized, json=args.json or files.decoding),
             decodebench.Budget(repeats=args.repeats or params["bench"]["repeats"],
                                sentences=args.sentences or 0,
                                threads=torch.get_num_threads()))

@@ -21,8 +21,7 @@ import torch
 
 from nmt.checkpoint import check_vocab, load
 from nmt.data import load_pairs
-from nmt.engine import Engine, tokens_of
-from nmt.errors import NmtError
+from nmt.engine import Engine, check_export, tokens_of
 from nmt.files import read_json, write_json
 from nmt.runs import Run, RunFiles
 from nmt.search import DecodeConfig, translate_batches
@@ -54,12 +53,9 @@ def bench_decoding(settings: dict, paths: Paths, budget: Budget) -> dict:
     """Time and score every decoder of DECODERS with greedy and beam search; print the table and
     write paths.json. settings: the run's resolved recipe."""
     run = Run.parse(paths.run.folder.name)
-    if not (paths.export / "model.bin").is_file():
-        raise NmtError(f"{paths.export} holds no export (fix: `nmt export --recipe {run.recipe} "
-                       f"--model {run.model} --seed {run.seed}`)")
+    check_export(paths.export, run)
     torch.set_num_threads(budget.threads)
     model, ckpt = load(paths.run.best, "cpu", expect=run, settings=settings)
-    model.float()
     src_codec, tgt_codec = load_codecs(paths.vocab)
     check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
     max_len, ev = ckpt["model_config"]["max_len"], settings["evaluate"]

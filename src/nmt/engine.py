@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nmt.errors import NmtError
 from nmt.models import ModelConfig
 from nmt.models.mapping import baseline_to_scratch
 from nmt.models.scratch import sinusoids
@@ -53,8 +54,6 @@ def model_spec(name: str, state_dict: dict, cfg: ModelConfig, src_tokens: list[s
     """A ctranslate2 TransformerSpec holding the weights of a baseline or scratch model."""
     from ctranslate2.specs import transformer_spec
 
-    if name not in ENCODER_DECODERS:
-        raise ValueError(f"{name}: only {' and '.join(ENCODER_DECODERS)} convert")
     weights = baseline_to_scratch(state_dict) if name == "baseline" else state_dict
     weights = {k: v.detach().float().cpu().numpy() for k, v in weights.items()}
     # pre_norm=True builds each stack's final layer_norm; pre_norm then says where the
@@ -85,18 +84,26 @@ def set_norm(spec, weights: dict, name: str) -> None:
     spec.gamma, spec.beta = weights[f"{name}.weight"], weights[f"{name}.bias"]
 
 
+def set_self_attention(spec, weights: dict, ours: str) -> None:
+    """A layer's self-attention and its norm1: our packed [W_q; W_k; W_v] as it is."""
+    set_linear(spec.linear[0], weights, f"{ours}.self_attn.qkv")
+    set_linear(spec.linear[1], weights, f"{ours}.self_attn.out")
+    set_norm(spec.layer_norm, weights, f"{ours}.norm1")
+
+
+def set_feed_forward(spec, weights: dict, ours: str, norm: str) -> None:
+    set_linear(spec.linear_0, weights, f"{ours}.ff.w1")
+    set_linear(spec.linear_1, weights, f"{ours}.ff.w2")
+    set_norm(spec.layer_norm, weights, f"{ours}.{norm}")
+
+
 def fill_encoder(spec, weights: dict, table: np.ndarray) -> None:
     spec.embeddings[0].weight = weights["src_embed.token.weight"]  # scaled by sqrt(d) there too
     spec.position_encodings.encodings = table
     set_norm(spec.layer_norm, weights, "encoder.norm")
     for i, layer in enumerate(spec.layer):
-        ours = f"encoder.layers.{i}"
-        set_linear(layer.self_attention.linear[0], weights, f"{ours}.self_attn.qkv")
-        set_linear(layer.self_attention.linear[1], weights, f"{ours}.self_attn.out")
-        set_norm(layer.self_attention.layer_norm, weights, f"{ours}.norm1")
-        set_linear(layer.ffn.linear_0, weights, f"{ours}.ff.w1")
-        set_linear(layer.ffn.linear_1, weights, f"{ours}.ff.w2")
-        set_norm(layer.ffn.layer_norm, weights, f"{ours}.norm2")
+        set_self_attention(layer.self_attention, weights, f"encoder.layers.{i}")
+        set_feed_forward(layer.ffn, weights, f"encoder.layers.{i}", "norm2")
 
 
 def fill_decoder(spec, weights: dict, table: np.ndarray, d_model: int) -> None:
@@ -106,9 +113,7 @@ def fill_decoder(spec, weights: dict, table: np.ndarray, d_model: int) -> None:
     set_linear(spec.projection, weights, "generator")
     for i, layer in enumerate(spec.layer):
         ours = f"decoder.layers.{i}"
-        set_linear(layer.self_attention.linear[0], weights, f"{ours}.self_attn.qkv")
-        set_linear(layer.self_attention.linear[1], weights, f"{ours}.self_attn.out")
-        set_norm(layer.self_attention.layer_norm, weights, f"{ours}.norm1")
+        set_self_attention(layer.self_attention, weights, ours)
         packed_w = weights[f"{ours}.cross_attn.qkv.weight"]  # rows [W_q; W_k; W_v]
         packed_b = weights[f"{ours}.cross_attn.qkv.bias"]
         query, memory = layer.attention.linear[0], layer.attention.linear[1]
@@ -116,9 +121,14 @@ def fill_decoder(spec, weights: dict, table: np.ndarray, d_model: int) -> None:
         memory.weight, memory.bias = packed_w[d_model:], packed_b[d_model:]
         set_linear(layer.attention.linear[2], weights, f"{ours}.cross_attn.out")
         set_norm(layer.attention.layer_norm, weights, f"{ours}.norm2")
-        set_linear(layer.ffn.linear_0, weights, f"{ours}.ff.w1")
-        set_linear(layer.ffn.linear_1, weights, f"{ours}.ff.w2")
-        set_norm(layer.ffn.layer_norm, weights, f"{ours}.norm3")
+        set_feed_forward(layer.ffn, weights, ours, "norm3")
+
+
+def check_export(folder: Path, run) -> None:
+    """One line naming the command that writes the run's export, if folder holds none."""
+    if not (folder / "nmt.json").is_file() or not (folder / "model.bin").is_file():
+        raise NmtError(f"{folder} holds no export (fix: `nmt export --recipe {run.recipe} "
+                       f"--model {run.model} --seed {run.seed}`)")
 
 
 def engine_length_penalty(alpha: float, longest: int = 64) -> float:
@@ -192,8 +202,7 @@ class Engine:
             if not tokens or tokens[-1] != eos:  # cut at the limit: <eos> follows there
                 tokens = [*tokens, eos]
                 if len(result.hypotheses) > 1:  # greedy keeps its one hypothesis as it is
-                    body = tokens[:-1]
-                    total = sum(self.translator.score_batch([src], [body])[0].log_probs)
+                    total = sum(self.translator.score_batch([src], [tokens[:-1]])[0].log_probs)
             ranked.append((total / ((5 + len(tokens)) / 6) ** alpha, tokens[:-1]))
         best = max(ranked, key=lambda scored: scored[0])[1]
         return [self.tgt_ids[t] for t in best]

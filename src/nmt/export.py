@@ -52,7 +52,6 @@ def export(settings: dict, paths: Paths, check_pairs: int = CHECK_PAIRS) -> dict
                        "one stack); its decoders attend causally only (fix: export a baseline "
                        "or scratch run)")
     model, ckpt = load(paths.run.best, "cpu", expect=run, settings=settings)
-    model.float()
     src_codec, tgt_codec = load_codecs(paths.vocab)
     check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
     src_tokens, tgt_tokens = tokens_of(src_codec), tokens_of(tgt_codec)

@@ -35,6 +35,8 @@ class RunFiles:
     evaluation = _in_folder("evaluation.json")  # what produced them
     translations = _in_folder("translations")  # <testset>.{greedy,beam}.txt, .loss.tsv
     attention = _in_folder("attention.json")  # one sentence's cross-attention
+    # nmt bench --decoding writes this: ours against CTranslate2 on the run's weights.
+    decoding = _in_folder("decoding.json")
 
     @property
     def trained(self) -> tuple[Path, ...]:

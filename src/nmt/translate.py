@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from nmt.checkpoint import check_vocab, load
-from nmt.engine import Engine, tokens_of
+from nmt.engine import Engine, check_export, tokens_of
 from nmt.errors import NmtError
 from nmt.files import read_json
 from nmt.recipes import resolve
@@ -178,9 +178,7 @@ def engine_translator(args) -> Translator:
                        "an export (fix: --run <run> with --exports, or leave out --engine)")
     run = Run.parse(args.run)
     folder = Path(args.exports) / run.name
-    if not (folder / "nmt.json").is_file() or not (folder / "model.bin").is_file():
-        raise NmtError(f"{folder} holds no export (fix: `nmt export --recipe {run.recipe} "
-                       f"--model {run.model} --seed {run.seed}`)")
+    check_export(folder, run)
     meta = read_json(folder / "nmt.json")
     src_codec, tgt_codec = load_codecs(folder / "vocab")
     engine = Engine(folder, tokens_of(src_codec), tokens_of(tgt_codec), args.compute_type,
