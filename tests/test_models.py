@@ -179,44 +179,48 @@ def test_decode_step_equals_forward(name, dtype, atol):
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_cache_reorder(name):
-    """After reorder(index), stepping on continues the selected rows (rows may repeat)."""
-    model = model_named(name)
-    src, tgt = padded_batch()
-    index = torch.tensor([2, 0, 2, 1])
-    with torch.no_grad():
-        cache = model.init_cache(model.encode(src), src)
-        for t in range(2):
-            model.decode_step(cache, tgt[:, t])
-        cache.reorder(index)
-        steps = [model.decode_step(cache, tgt[index, t]) for t in range(2, tgt.size(1))]
-        full = model(src[index], tgt[index])
-    for t, step in zip(range(2, tgt.size(1)), steps, strict=True):
-        torch.testing.assert_close(step, full[:, t], rtol=0, atol=1e-10)
-
-
-@pytest.mark.parametrize("name", MODEL_NAMES)
-def test_cache_reorder_within_groups_keeps_the_source_side(name):
-    """Beam search's reorder(index, group): 2 beams a sentence with different prefixes; both
-    rows of each sentence then continue its second beam, as a full forward pass does."""
+def test_cache_reorder_moves_beams_within_their_sentence(name):
+    """Beam search's reorder(index): 2 beams a sentence with different prefixes; then the
+    beams of even sentences swap and both rows of odd ones take beam 1 (rows repeat). Each
+    continues as a full forward pass over its new prefix does."""
     model = model_named(name)
     src, tgt = padded_batch()
     B = src.size(0)
     sentence = torch.arange(B).repeat_interleave(2)  # rows 2s and 2s + 1: sentence s
     prefix = torch.stack([tgt[sentence[0::2], :2], tgt[(sentence[1::2] + 1) % B, :2]], 1)
     prefix = prefix.view(2 * B, 2)  # beam 0: the sentence's own start; beam 1: the next one's
-    index = (2 * sentence + 1)  # every row takes its sentence's beam 1
+    swap = torch.tensor([1, 0]).repeat(B)
+    index = 2 * sentence + torch.where(sentence % 2 == 0, swap, 1)
     rest = tgt[sentence, 2:]
     with torch.no_grad():
-        cache = model.init_cache(model.encode(src), src)
-        cache.reorder(sentence)
+        cache = model.init_cache(model.encode(src), src, beams=2)
         for t in range(2):
             model.decode_step(cache, prefix[:, t])
-        cache.reorder(index, group=2)
+        cache.reorder(index)
         steps = [model.decode_step(cache, rest[:, t]) for t in range(rest.size(1))]
         full = model(src[sentence], torch.cat([prefix[index], rest], dim=1))
     for t, step in enumerate(steps):
         torch.testing.assert_close(step, full[:, t + 2], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_cache_keep_drops_finished_sentences(name):
+    """After keep(sentences), the other sentences' rows are gone and the kept ones continue,
+    both beams of each, as a full forward pass over them does."""
+    model = model_named(name)
+    src, tgt = padded_batch()
+    kept = torch.arange(0, src.size(0), 2)  # sentences 0, 2, ...
+    rows = torch.stack([2 * kept, 2 * kept + 1], dim=1).view(-1)
+    tgt2 = tgt.repeat_interleave(2, dim=0)
+    with torch.no_grad():
+        cache = model.init_cache(model.encode(src), src, beams=2)
+        for t in range(2):
+            model.decode_step(cache, tgt2[:, t])
+        cache.keep(kept)
+        steps = [model.decode_step(cache, tgt2[rows, t]) for t in range(2, tgt.size(1))]
+        full = model(src[kept].repeat_interleave(2, dim=0), tgt2[rows])
+    for t, step in zip(range(2, tgt.size(1)), steps, strict=True):
+        torch.testing.assert_close(step, full[:, t], rtol=0, atol=1e-10)
 
 
 def test_attention_maps_mask_exactly():

@@ -2,7 +2,7 @@
 
 Both searches take src (B, S) token ids and a per-sentence limit on output length, and return
 each sentence's output ids without <bos> and <eos>. Beam search keeps B sentences x K beams as
-B*K rows of one batch; `cache.reorder` moves each row's decoder state to its new beam.
+B*K rows of one batch; `cache.reorder` gives each row the decoder state of its new beam.
 
 Rules both searches share, so that beam_size=1 gives exactly the greedy output:
 - <pad> and <bos> are never produced;
@@ -14,7 +14,7 @@ Rules both searches share, so that beam_size=1 gives exactly the greedy output:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +69,26 @@ def greedy(model, src: torch.Tensor, max_len) -> list[list[int]]:
     return _strip(out)
 
 
+@dataclass
+class Beams:
+    """Beam search's state: a row for each sentence still decoded, K hypotheses in each."""
+
+    sentence: torch.Tensor  # (B,) its index in the batch beam_search was given
+    limit: torch.Tensor  # (B,) its longest output
+    scores: torch.Tensor  # (B, K) summed log-probabilities of the alive hypotheses
+    alive: torch.Tensor  # (B, K, steps) their tokens
+    fin_scores: torch.Tensor  # (B, K) the K best finished hypotheses: normalized scores
+    fin_tokens: torch.Tensor  # (B, K, steps) and tokens
+    done: torch.Tensor  # (B,) K hypotheses finished, or the limit reached
+
+    def rows(self, keep: torch.Tensor) -> Beams:
+        return Beams(*(getattr(self, f.name)[keep] for f in fields(self)))
+
+    def best(self) -> torch.Tensor:
+        """(B, steps) each sentence's best finished hypothesis."""
+        return self.fin_tokens[torch.arange(len(self.sentence)), self.fin_scores.argmax(dim=1)]
+
+
 @torch.inference_mode()
 def beam_search(model, src: torch.Tensor, beam_size: int, length_penalty: float,
                 max_len) -> list[list[int]]:
@@ -76,54 +96,58 @@ def beam_search(model, src: torch.Tensor, beam_size: int, length_penalty: float,
     B, K, device = src.size(0), beam_size, src.device
     limit = torch.as_tensor(max_len, device=device).expand(B)
     steps = int(limit.max()) + 1
-    batch = torch.arange(B, device=device)
     ranks = torch.arange(2 * K, device=device)
 
-    cache = model.init_cache(model.encode(src), src)
-    cache.reorder(batch.repeat_interleave(K))  # (B*K) rows: K copies of each sentence
+    cache = model.init_cache(model.encode(src), src, beams=K)  # row b*K + i: beam i of b
     tokens = torch.full((B * K,), BOS_ID, dtype=torch.long, device=device)
     # Only beam 0 starts alive; the others would repeat its hypotheses.
     scores = torch.full((B, K), -math.inf, device=device)
     scores[:, 0] = 0.0
-    alive = torch.full((B, K, steps), PAD_ID, dtype=torch.long, device=device)
-    # The K best finished hypotheses of each sentence: normalized scores and tokens.
-    fin_scores = torch.full((B, K), -math.inf, device=device)
-    fin_tokens = torch.full((B, K, steps), PAD_ID, dtype=torch.long, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
+    no_tokens = torch.full((B, K, steps), PAD_ID, dtype=torch.long, device=device)
+    s = Beams(torch.arange(B, device=device), limit, scores, no_tokens,
+              torch.full((B, K), -math.inf, device=device), no_tokens.clone(),
+              torch.zeros(B, dtype=torch.bool, device=device))
+    out = torch.full((B, steps), PAD_ID, dtype=torch.long, device=device)
 
     for t in range(steps):
+        B = len(s.sentence)
         logp = F.log_softmax(model.decode_step(cache, tokens).float(), dim=-1)  # (B*K, V)
-        at_limit = t >= limit  # (B,)
+        at_limit = t >= s.limit  # (B,)
         logp = _constrain(logp, at_limit.repeat_interleave(K))
         V = logp.size(-1)
-        cand = (scores[:, :, None] + logp.view(B, K, V)).view(B, K * V)
+        cand = (s.scores[:, :, None] + logp.view(B, K, V)).view(B, K * V)
         # 2K candidates: even if K of them end in <eos>, K remain to continue.
         top, idx = cand.topk(2 * K, dim=1)  # (B, 2K), best first
         beam, tok = idx // V, idx % V
         is_eos = tok == EOS_ID
 
         # An <eos> among the K best candidates finishes a hypothesis of t + 1 tokens.
-        ends = is_eos[:, :K] & top[:, :K].isfinite() & ~done[:, None]
+        ends = is_eos[:, :K] & top[:, :K].isfinite() & ~s.done[:, None]
         normed = torch.where(ends, top[:, :K] / ((5 + t + 1) / 6) ** length_penalty, -math.inf)
-        ended = alive.gather(1, beam[:, :K, None].expand(B, K, steps))
-        fin_scores, keep = torch.cat([fin_scores, normed], dim=1).topk(K, dim=1)  # of 2K
-        fin_tokens = torch.cat([fin_tokens, ended], dim=1).gather(
+        ended = s.alive.gather(1, beam[:, :K, None].expand(B, K, steps))
+        s.fin_scores, keep = torch.cat([s.fin_scores, normed], dim=1).topk(K, dim=1)  # of 2K
+        s.fin_tokens = torch.cat([s.fin_tokens, ended], dim=1).gather(
             1, keep[:, :, None].expand(B, K, steps))
 
         # The K best candidates that do not end go on, in score order.
         _, pick = torch.where(is_eos, ranks + 2 * K, ranks).topk(K, dim=1, largest=False)
-        scores, beam, tokens = top.gather(1, pick), beam.gather(1, pick), tok.gather(1, pick)
-        alive = alive.gather(1, beam[:, :, None].expand(B, K, steps))
-        alive[:, :, t] = tokens
-        # Each sentence's beams stay in its K rows: the source side of the cache stays put.
-        cache.reorder((batch[:, None] * K + beam).view(-1), group=K)
-        tokens = tokens.view(-1)
+        s.scores, beam, tokens = top.gather(1, pick), beam.gather(1, pick), tok.gather(1, pick)
+        s.alive = s.alive.gather(1, beam[:, :, None].expand(B, K, steps))
+        s.alive[:, :, t] = tokens
+        cache.reorder((torch.arange(B, device=device)[:, None] * K + beam).view(-1))
 
-        done |= (fin_scores.isfinite().sum(dim=1) >= K) | at_limit
-        if (t + 1) % CHECK_EVERY == 0 and bool(done.all()):
-            break
-    best = fin_scores.argmax(dim=1)  # (B,)
-    return _strip(fin_tokens[batch, best])
+        s.done |= (s.fin_scores.isfinite().sum(dim=1) >= K) | at_limit
+        if (t + 1) % CHECK_EVERY == 0 and bool(s.done.any()):
+            # Finished sentences leave the batch: their beams cost no more steps.
+            out[s.sentence[s.done]] = s.best()[s.done]
+            going = (~s.done).nonzero().squeeze(1)
+            if len(going) == 0:
+                return _strip(out)
+            s, tokens = s.rows(going), tokens[going]
+            cache.keep(going)
+        tokens = tokens.view(-1)
+    out[s.sentence] = s.best()
+    return _strip(out)
 
 
 @dataclass(frozen=True)

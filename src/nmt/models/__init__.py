@@ -5,10 +5,12 @@ decoder-only translator (decoder_only: one stack over <bos> source <eos> <sep> t
 
 Every model takes src (B, S) and tgt_in (B, T) token ids and derives its masks from pad_id:
 forward -> logits (B, T, V); encode(src) -> memory (what the model's cache starts from);
-init_cache(memory, src) and decode_step(cache, tokens (B,)) -> logits (B, V) for search, with
-cache.reorder(index, group) for beam search (group > 1: rows stay in blocks of that many that
-share one source); attention_maps(src, tgt_in) -> per-head weights of every layer, with at
-least "decoder_cross": (B, H, T, S) per layer, target queries over the source.
+init_cache(memory, src, beams=K) (B*K rows, row b*K + i: beam i of sentence b) and
+decode_step(cache, tokens (B*K,)) -> logits (B*K, V) for search, with cache.reorder(index) for
+beam search (row r continues row index[r], one of its own sentence's K) and
+cache.keep(sentences) (the others are finished); attention_maps(src, tgt_in) -> per-head
+weights of every layer, with at least "decoder_cross": (B, H, T, S) per layer, target queries
+over the source.
 
 The package stands alone: it imports torch and nothing of the pipeline, so a notebook can
     from nmt.models import ModelConfig, build_model

@@ -63,15 +63,20 @@ class PrefixCache:
     tokens: torch.Tensor  # (B, t)
     memory: torch.Tensor  # (B, S, D)
     src: torch.Tensor  # (B, S), for the memory padding mask
+    beams: int = 1  # rows a sentence: row b * beams + i holds beam i of sentence b
 
-    def reorder(self, index: torch.Tensor, group: int = 1) -> "PrefixCache":
-        """Keep the rows in index (beam search's surviving hypotheses; rows may repeat).
-        group > 1: index keeps each row within its block of `group` rows (the beams of one
-        sentence), which share one source, so memory and src stay as they are."""
+    def reorder(self, index: torch.Tensor) -> "PrefixCache":
+        """Row r continues the prefix in row index[r], a row of its own sentence (beam search's
+        surviving hypotheses; rows may repeat): the source side stays as it is."""
         self.tokens = self.tokens.index_select(0, index)
-        if group == 1:
-            self.memory = self.memory.index_select(0, index)
-            self.src = self.src.index_select(0, index)
+        return self
+
+    def keep(self, sentences: torch.Tensor) -> "PrefixCache":
+        """Only these sentences (indices, ascending) go on decoding, with all their beams."""
+        beam = torch.arange(self.beams, device=sentences.device)
+        rows = (sentences[:, None] * self.beams + beam).view(-1)
+        self.tokens, self.memory, self.src = (t.index_select(0, rows) for t in
+                                              (self.tokens, self.memory, self.src))
         return self
 
 
@@ -138,8 +143,10 @@ class BaselineTransformer(nn.Module):
         """Logits (B, T, V) of every next token; src only masks the memory's padding."""
         return self.generator(self.decoder_output(tgt_in, memory, src))
 
-    def init_cache(self, memory: torch.Tensor, src: torch.Tensor) -> PrefixCache:
-        return PrefixCache(src.new_empty(src.size(0), 0), memory, src)
+    def init_cache(self, memory: torch.Tensor, src: torch.Tensor, beams: int = 1) -> PrefixCache:
+        """An empty prefix for each of `beams` rows a sentence (row b * beams + i: beam i of b)."""
+        memory, src = memory.repeat_interleave(beams, 0), src.repeat_interleave(beams, 0)
+        return PrefixCache(src.new_empty(src.size(0), 0), memory, src, beams)
 
     def decode_step(self, cache: PrefixCache, tokens: torch.Tensor) -> torch.Tensor:
         """Feed tokens (B,) at the next position; logits (B, V) of the token after them."""

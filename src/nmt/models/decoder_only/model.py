@@ -57,18 +57,24 @@ class KVCache:
     kv: list  # per layer: keys, values of source and target so far (B, H, S + t, Dh)
     mask: torch.Tensor  # (B, 1, 1, S + t) True at keys that are not padding
     lengths: torch.Tensor  # (B,) real source tokens
+    beams: int = 1  # rows a sentence: row b * beams + i holds beam i of sentence b
     length: int = 0  # t, target positions decoded so far
 
-    def reorder(self, index: torch.Tensor, group: int = 1) -> "KVCache":
-        """Keep the rows in index (beam search's surviving hypotheses; rows may repeat).
-        Every row moves whatever `group` is: the source's keys and values share the target's
-        tensors here."""
+    def reorder(self, index: torch.Tensor) -> "KVCache":
+        """Row r continues the row index[r]: beam search's surviving hypotheses (rows may
+        repeat). Every tensor moves, since the source's keys and values share the target's
+        here, so index may also name other sentences' rows (verify's cache check does)."""
         def pick(t):
             return t.index_select(0, index)
 
         self.kv = [(pick(k), pick(v)) for k, v in self.kv]
         self.mask, self.lengths = pick(self.mask), pick(self.lengths)
         return self
+
+    def keep(self, sentences: torch.Tensor) -> "KVCache":
+        """Only these sentences (indices, ascending) go on decoding, with all their beams."""
+        beam = torch.arange(self.beams, device=sentences.device)
+        return self.reorder((sentences[:, None] * self.beams + beam).view(-1))
 
 
 class DecoderOnlyTransformer(nn.Module):
@@ -121,9 +127,14 @@ class DecoderOnlyTransformer(nn.Module):
         real = src != self.pad_id
         return Prefix(kv, real[:, None, None, :], real.sum(dim=1))
 
-    def init_cache(self, memory: Prefix, src: torch.Tensor) -> KVCache:
-        """Start incremental decoding after the source; src is already in memory."""
-        return KVCache(list(memory.kv), memory.mask, memory.lengths)
+    def init_cache(self, memory: Prefix, src: torch.Tensor, beams: int = 1) -> KVCache:
+        """Start incremental decoding after the source (src is already in memory), for `beams`
+        rows a sentence (row b * beams + i: beam i of sentence b)."""
+        def rows(t):
+            return t.repeat_interleave(beams, 0)
+
+        return KVCache([(rows(k), rows(v)) for k, v in memory.kv], rows(memory.mask),
+                       rows(memory.lengths), beams)
 
     def decode_step(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
         """Feed tokens (B,) at the next target position; logits (B, Vt) of the token after."""

@@ -24,6 +24,26 @@ def scaled_dot_product_attention(q, k, v, mask, scale: float, dropout: nn.Dropou
     return weights @ v, weights
 
 
+def beam_attention(q, k, v, slots, real, scale: float):
+    """Attention of each beam's newest position over its own prefix, read from keys and values
+    that the K beams of a sentence share, none of them copied.
+
+    q: (B, H, K, Dh), the newest query of each of K beams; k, v: (B, H, T, K, Dh), position t
+    of slot j (what the beam in row j computed at step t); slots: (B, K, T), the slot holding
+    beam i's position t; real: (B, K, T), True where that token is not padding.
+    Returns (B, H, K, Dh). Every beam scores every slot (K times the products it needs, in one
+    matrix product that reads each key once) and keeps the scores of its own slots; its weights
+    are spread back over the slots for one product with the values.
+    """
+    B, H, T, K, Dh = k.shape
+    own = slots[:, None, :, :, None].expand(B, H, K, T, 1)
+    scores = (q * scale) @ k.reshape(B, H, T * K, Dh).transpose(-2, -1)  # (B, H, K, T*K)
+    scores = scores.view(B, H, K, T, K).gather(-1, own).squeeze(-1)  # (B, H, K, T)
+    weights = scores.masked_fill(~real[:, None], float("-inf")).softmax(dim=-1)
+    spread = weights.new_zeros(B, H, K, T, K).scatter_(-1, own, weights[..., None])
+    return spread.view(B, H, K, T * K) @ v.reshape(B, H, T * K, Dh)  # (B, H, K, Dh)
+
+
 class MultiHeadAttention(nn.Module):
     """H attention heads over learned projections, with one packed Q/K/V weight."""
 
@@ -67,9 +87,12 @@ class MultiHeadAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                scale=self.scale)
             weights = None
+        return self.project_out(y), weights
+
+    def project_out(self, y: torch.Tensor) -> torch.Tensor:
+        """Heads y (B, H, T, Dh) concatenated and projected: (B, T, D)."""
         B, H, T, Dh = y.shape
-        y = y.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, D)
-        return self.out(y), weights
+        return self.out(y.transpose(1, 2).reshape(B, T, H * Dh))
 
     def forward(self, x: torch.Tensor, mask, need_weights: bool = False):
         """Self-attention of x (B, T, D)."""

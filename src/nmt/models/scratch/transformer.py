@@ -67,15 +67,15 @@ class ScratchTransformer(nn.Module):
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
         return self.decode(tgt_in, self.encode(src), src)
 
-    def init_cache(self, memory: torch.Tensor, src: torch.Tensor) -> KVCache:
-        """Start incremental decoding: cross-attention keys/values projected once."""
-        return self.decoder.init_cache(memory, padding_mask(src, self.pad_id))
+    def init_cache(self, memory: torch.Tensor, src: torch.Tensor, beams: int = 1) -> KVCache:
+        """Start incremental decoding of `beams` rows a sentence (row b * beams + i: beam i of
+        sentence b); the cross-attention keys and values are projected once, for the sentence."""
+        return self.decoder.init_cache(memory, padding_mask(src, self.pad_id), beams)
 
     def decode_step(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed tokens (B,) at the next position; logits (B, V) of the token after them."""
-        x = self.pos(self.tgt_embed(tokens[:, None]), offset=cache.length)  # (B, 1, D)
-        keep = (tokens != self.pad_id)[:, None, None, None]  # (B, 1, 1, 1)
-        return self.generator(self.decoder.step(x, cache, keep)[:, 0])
+        """Feed tokens (B*K,) at the next position; logits (B*K, V) of the token after them."""
+        x = self.pos(self.tgt_embed(tokens[:, None]), offset=cache.length)  # (B*K, 1, D)
+        return self.generator(self.decoder.step(x, cache, tokens != self.pad_id)[:, 0])
 
     def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict:
         """Per-head weights of every layer, lists of (B, H, T_query, T_key), from the math path."""
