@@ -53,6 +53,7 @@ def greedy(model, src: torch.Tensor, max_len) -> list[list[int]]:
     limit = torch.as_tensor(max_len, device=device).expand(B)
     steps = int(limit.max()) + 1  # +1: the step that may only produce <eos>
     cache = model.init_cache(model.encode(src), src)
+    sentence = torch.arange(B, device=device)  # the rows still decoded, by index in src
     tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=device)
     out = torch.full((B, steps), PAD_ID, dtype=torch.long, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -63,9 +64,13 @@ def greedy(model, src: torch.Tensor, max_len) -> list[list[int]]:
         # Finished rows feed <pad>, which attention masks out, and record nothing.
         tokens = tokens.masked_fill(done, PAD_ID)
         done |= tokens == EOS_ID
-        out[:, t] = tokens.masked_fill(done, PAD_ID)
-        if (t + 1) % CHECK_EVERY == 0 and bool(done.all()):
-            break
+        out[sentence, t] = tokens.masked_fill(done, PAD_ID)
+        if (t + 1) % CHECK_EVERY == 0 and bool(done.any()):
+            going = (~done).nonzero().squeeze(1)  # finished sentences leave the batch
+            if len(going) == 0:
+                break
+            sentence, limit, tokens, done = (x[going] for x in (sentence, limit, tokens, done))
+            cache.keep(going)
     return _strip(out)
 
 
