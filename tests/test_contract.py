@@ -28,7 +28,7 @@ from nmt.cli import main
 from nmt.errors import NmtError
 from nmt.params import load_params
 from nmt.recipes import resolve
-from tiny import run
+from tiny import finish, start
 
 pytestmark = pytest.mark.slow
 STAGES = stages.load(REPO / stages.DECLARATION)
@@ -268,9 +268,15 @@ def dvc_changed(root: Path, config: bool = False) -> set[str]:
             and name != ALWAYS}
 
 
-def snakemake_jobs(root: Path) -> set[str]:
-    """The jobs a dry run would run, named as DVC names them."""
-    out = run(["snakemake", "-n", "--cores", "2"], root)
+def start_dry_run(root: Path):
+    """`snakemake -n` started in root; snakemake_jobs reads it. It runs while the test asks
+    DVC in this process: the two take about as long, and CI has two cores."""
+    return start(["snakemake", "-n", "--cores", "2"], root)
+
+
+def snakemake_jobs(dry_run) -> set[str]:
+    """The jobs a started dry run would run, named as DVC names them."""
+    out = finish(dry_run)
     found, rule = set(), None
     for line in out.splitlines():
         if m := re.match(r"^(?:local)?rule (\w+):$", line):
@@ -331,9 +337,10 @@ def test_a_changed_key_reruns_exactly_the_stages_that_declare_it(dvc_run, snakem
             continue
         tried.append(key)
         (snakemake_run / "params.yaml").write_text(yaml.safe_dump(new, sort_keys=False))
+        dry_run = start_dry_run(snakemake_run)
         resolve_recipes(dvc_run, dvc_run / "params.yaml", recipes)
         want = expected(old, new)
-        got_dvc, got_smk = dvc_changed(dvc_run), snakemake_jobs(snakemake_run)
+        got_dvc, got_smk = dvc_changed(dvc_run), snakemake_jobs(dry_run)
         if got_dvc != want:
             problems.append(f"{key}: dvc status {sorted(got_dvc ^ want)} differ")
         if got_smk != downstream(want, new):
@@ -357,7 +364,8 @@ def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakema
             with open(root / rel, "a") as f:
                 f.write("\n# a change\n")
         want = {name for name, (s, _) in jobs(params).items() if code in s.code}
-        got_dvc, got_smk = dvc_changed(dvc_run, config=True), snakemake_jobs(snakemake_run)
+        dry_run = start_dry_run(snakemake_run)
+        got_dvc, got_smk = dvc_changed(dvc_run, config=True), snakemake_jobs(dry_run)
         if got_dvc != want - {ALWAYS}:
             problems.append(f"{code}: dvc status {sorted(got_dvc ^ want)}")
         # Under Snakemake nothing consumes the config stage's files, so it never runs.

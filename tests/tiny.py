@@ -67,12 +67,26 @@ def tiny_recipe(recipe: dict) -> dict:
 
 
 def run(cmd: list[str], cwd: Path, env: dict | None = None, check: bool = True) -> str:
+    return finish(start(cmd, cwd, env), check)
+
+
+def start(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    """cmd started in cwd (in the background, so that a test can do something else meanwhile)."""
     # The copy runs its own sources (the venv's editable install points at the repository).
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(cwd / "src"),
            **(env or {})}
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 or not check, f"{' '.join(cmd)} failed:\n{output[-4000:]}"
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, check: bool = True) -> str:
+    """What a started command printed, once it ended (within 15 minutes)."""
+    try:
+        output, _ = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0 or not check, f"{' '.join(proc.args)} failed:\n{output[-4000:]}"
     return output
 
 
