@@ -34,6 +34,12 @@ def test_repository_params_are_valid():
         ({"vocab": {"kind": "chars"}}, "vocab.kind: 'chars' is not allowed"),
         ({"pipeline": {"recipes": ["published", "nope"], "models": ["scratch"]}},
          "pipeline.recipes names 'nope'"),
+        # The export stage's models: trained by the pipeline, and ones CTranslate2 can run.
+        ({"pipeline": {"models": ["scratch"], "export": ["baseline"]}},
+         "pipeline.export names baseline, which pipeline.models does not train (fix: add"),
+        ({"pipeline": {"export": ["decoder_only"]}},
+         "pipeline.export: decoder_only cannot be exported"),
+        ({"pipeline": {"export": ["tiny"]}}, "pipeline.export.0: 'tiny' is not allowed"),
         ({"recipes": {"published": {}, "big": {"model": {"nhead": 7}}}},
          "recipes.big: d_model 512 is not divisible by nhead 7"),
         ({"recipes": {"published": {}, "bad": {"train": {"lr": -1}}}},
@@ -66,6 +72,11 @@ def test_missing_key_and_broken_yaml(params_file):
     del params["train"]["lr"]
     params_file.write_text(yaml.safe_dump(params))
     with pytest.raises(NmtError, match="train: 'lr' is a required property"):
+        load_params(params_file)
+    params["train"]["lr"] = 1.0e-4
+    del params["pipeline"]["export"]  # DVC's export stage reads it: no default
+    params_file.write_text(yaml.safe_dump(params))
+    with pytest.raises(NmtError, match="pipeline: 'export' is a required property"):
         load_params(params_file)
     params_file.write_text("train: [unclosed\n")
     with pytest.raises(NmtError, match="not valid YAML at line"):

@@ -36,7 +36,6 @@ from nmt.models.scratch import sinusoids
 from nmt.search import DecodeConfig, output_limits
 from nmt.vocab import BOS_ID, EOS_ID, SPECIALS
 
-ENCODER_DECODERS = ("baseline", "scratch")
 BANNED = [[SPECIALS[1]], [SPECIALS[2]]]  # <pad>, <bos>: never produced (nmt.search's rule)
 
 

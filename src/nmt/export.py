@@ -20,11 +20,11 @@ import torch
 
 from nmt.checkpoint import check_vocab, load
 from nmt.data import load_pairs
-from nmt.engine import ENCODER_DECODERS, Engine, max_abs_difference, model_spec, tokens_of
+from nmt.engine import Engine, max_abs_difference, model_spec, tokens_of
 from nmt.errors import NmtError
 from nmt.files import atomic_dir, write_json
 from nmt.models import ModelConfig
-from nmt.runs import Run, RunFiles
+from nmt.runs import ENCODER_DECODERS, Run, RunFiles
 from nmt.search import DecodeConfig, translate_batches
 from nmt.vocab import load_codecs
 

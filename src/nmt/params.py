@@ -14,6 +14,7 @@ import yaml
 from nmt.corpus import CORPUS_SECTIONS, check_corpus
 from nmt.errors import NmtError
 from nmt.recipes import resolve
+from nmt.runs import ENCODER_DECODERS
 
 SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
 
@@ -109,6 +110,7 @@ def check_semantics(params: dict) -> None:
             raise NmtError(f"params.yaml: recipes.{name}: a recipe builds on one other "
                            "(fix: keep ablation_of or step_of, not both)")
     check_one_corpus(params)
+    check_export(params["pipeline"])
     if params["bench"]["recipe"] not in params["pipeline"]["recipes"]:
         raise NmtError(
             f"params.yaml: bench.recipe {params['bench']['recipe']!r} is not in pipeline.recipes "
@@ -130,6 +132,20 @@ def check_one_corpus(params: dict) -> None:
                 "sections, but one pipeline tokenizes one corpus (fix: run them in separate "
                 "pipelines, e.g. `dvc exp run -S 'pipeline.recipes=[" + name + "]' -S "
                 f"'bench.recipe={name}'`)")
+
+
+def check_export(pipeline: dict) -> None:
+    """pipeline.export names models the pipeline trains and CTranslate2 can run."""
+    for name in pipeline["export"]:
+        if name not in ENCODER_DECODERS:
+            raise NmtError(f"params.yaml: pipeline.export: {name} cannot be exported: "
+                           "CTranslate2 has no attention that is bidirectional over the source "
+                           "and causal over the target in one stack (fix: export "
+                           f"{' or '.join(ENCODER_DECODERS)} only)")
+        if name not in pipeline["models"]:
+            raise NmtError(f"params.yaml: pipeline.export names {name}, which pipeline.models "
+                           f"does not train (fix: add {name} to pipeline.models, or remove it "
+                           "from pipeline.export)")
 
 
 def check_recipe(params: dict, name: str) -> None:
