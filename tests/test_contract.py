@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, edit_params
 from nmt import stages
 from nmt.cli import main
 from nmt.errors import NmtError
 from nmt.params import load_params
 from nmt.recipes import resolve
-from tiny import finish, start
+from tiny import finish, run, scratch_copy, start
 
 pytestmark = pytest.mark.slow
 STAGES = stages.load(REPO / stages.DECLARATION)
@@ -61,6 +61,29 @@ def test_a_snakemake_rule_reads_as_its_stage(tmp_path):
     declaration.write_text(declaration.read_text().replace("-j {threads}", "-j {jobs}"))
     with pytest.raises(ValueError, match="jobs"):
         stages.render_snakemake(declaration)
+
+
+def test_a_stage_of_some_models_runs_over_their_list():
+    """export (models_from: pipeline.export): DVC's matrix and Snakemake's wildcard take the
+    models from that list, so only its runs have a job."""
+    export = STAGES["export"]
+    dvc = yaml.safe_load(stages.render_dvc(REPO / stages.DECLARATION))["stages"]["export"]
+    assert dvc["matrix"] == {"recipe": "${pipeline.recipes}", "model": "${pipeline.export}",
+                             "seed": "${pipeline.seeds}"}
+    assert '        model=listed("pipeline.export"),' in stages.smk_rule(export, STAGES)
+    params = {"pipeline": {"recipes": ["a"], "models": ["baseline", "scratch"], "seeds": [0],
+                           "export": ["scratch"]}}
+    assert export.per_values(params) == {"recipe": ["a"], "model": ["scratch"], "seed": [0]}
+
+
+def test_with_no_models_to_export_neither_tool_has_an_export_job(tmp_path, mirror):
+    """pipeline.export: [] (the default): DVC renders no export stage and Snakemake plans no
+    export job; the tiny pipeline of the tests below exports scratch."""
+    root = scratch_copy(tmp_path)
+    edit_params(root / "params.yaml", pipeline={"export": []})
+    assert "export@" not in run(["dvc", "stage", "list"], root)
+    plan = run(["snakemake", "-n", "--cores", "2"], root)
+    assert "rule train:" in plan and "rule export:" not in plan
 
 
 # ---- reads: what each stage used against what it declares ---------------------------------
@@ -129,10 +152,9 @@ def test_every_stage_declares_what_it_reads(tool, request):
 
 def jobs(params: dict) -> dict[str, tuple[stages.Stage, dict]]:
     """Every job of the pipeline by DVC's name (train@published-scratch-0)."""
-    p, out = params["pipeline"], {}
-    lists = {d: p[f"{d}s"] for d in stages.DIMENSIONS}
+    out = {}
     for s in STAGES.values():
-        for combo in itertools.product(*(lists[d] for d in s.per)):
+        for combo in itertools.product(*s.per_values(params).values()):
             values = dict(zip(s.per, combo, strict=True))
             name = s.name + ("@" + "-".join(map(str, combo)) if combo else "")
             out[name] = (s, values)
@@ -301,6 +323,9 @@ def resolve_recipes(root: Path, params_file: Path, recipes: list[str]) -> None:
 
 
 SKIP = {"pipeline.recipes", "pipeline.models", "pipeline.seeds", "bench.recipe",  # add runs
+        # adds or removes export jobs as pipeline.models does runs: an edit changes which
+        # jobs exist, not a value a job declares (config declares the pipeline section)
+        "pipeline.export",
         # another corpus needs its files or dataset too: tests/test_corpus_pipeline.py
         "data.corpus",
         # false is valid only where no recipe of params.yaml reads word vocabularies (every

@@ -18,6 +18,7 @@ import yaml
 DECLARATION = Path("workflow/stages.yaml")
 CODE = "src/nmt"
 DIMENSIONS = ("recipe", "model", "seed")
+DEFAULT_MODELS = "pipeline.models"  # the list a per-model stage runs over, unless models_from
 
 
 @dataclass
@@ -27,6 +28,9 @@ class Stage:
     name: str
     cmd: str
     per: list = field(default_factory=list)
+    # With per model: the params.yaml list its models come from (pipeline.export: the runs to
+    # export); an empty list gives no job under either tool.
+    models_from: str = DEFAULT_MODELS
     code: list = field(default_factory=list)
     params: list = field(default_factory=list)
     recipe_params: list = field(default_factory=list)
@@ -60,6 +64,14 @@ class Stage:
         """Every file or folder it writes: outs, metrics and plots."""
         return self.outs + self.metrics + self.plots
 
+    def list_key(self, dimension: str) -> str:
+        """The params.yaml list whose items a per dimension runs over (pipeline.seeds, ...)."""
+        return self.models_from if dimension == "model" else f"pipeline.{dimension}s"
+
+    def per_values(self, params: dict) -> dict[str, list]:
+        """Each per dimension's items in params: its jobs are every combination of them."""
+        return {d: lookup(params, self.list_key(d)) for d in self.per}
+
 
 def load(path: Path = DECLARATION) -> dict[str, Stage]:
     spec = yaml.safe_load(Path(path).read_text())
@@ -89,7 +101,7 @@ def dvc_stage(s: Stage) -> dict:
     """One stage of dvc.yaml."""
     out: dict = {}
     if s.per:
-        out["matrix"] = {d: f"${{pipeline.{d}s}}" for d in s.per}
+        out["matrix"] = {d: f"${{{s.list_key(d)}}}" for d in s.per}
     out["cmd"] = dvc_text(s.cmd).replace("{threads}", str(s.threads))
     if s.gpu_mem_mb is not None:  # DVC has no resources: the declared bound (the variable)
         out["cmd"] = out["cmd"].replace("{gpu_mem_mb}", str(s.gpu_mem_mb))
@@ -284,6 +296,14 @@ def output_expr(stage: Stage, path: str) -> str:
     return f"report({out}, category={quote(category)})" if category else out
 
 
+def constraint_lines(stage: Stage) -> list[str]:
+    """A stage whose models come from another list (models_from) matches only its names, so
+    that Snakemake, like DVC, has no job for the models outside it (listed(): common.smk)."""
+    if "model" not in stage.per or stage.models_from == DEFAULT_MODELS:
+        return []
+    return ["    wildcard_constraints:", f"        model=listed({quote(stage.models_from)}),"]
+
+
 def smk_rule(stage: Stage, stages: dict) -> str:
     """One plain rule: input (deps, then code=), output, params, threads, resources, log,
     conda, shell."""
@@ -293,6 +313,7 @@ def smk_rule(stage: Stage, stages: dict) -> str:
     lines += ["        code=[", "            *SHARED_CODE,"]
     lines += [f"            {item}," for item in code_items(own)] + ["        ],"]
     lines += ["    output:"] + [f"        {output_expr(stage, p)}," for p in stage.outputs()]
+    lines += constraint_lines(stage)
     declared = {k: v for k, v in (("params", stage.params), ("recipe_params",
                 stage.recipe_params), ("bench_params", stage.bench_params),
                 ("corpus_params", stage.corpus_params)) if v}
@@ -327,7 +348,7 @@ SMK_HEADER = """\
 # GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
 # Snakemake's rules, one a stage: the commands dvc.yaml runs, on the same files.
 # workflow/Snakefile names RECIPES, MODELS, SEEDS (pipeline.*) and BENCH (bench.recipe) before
-# it includes this file; declared() and from_recipe() are in rules/common.smk.
+# it includes this file; declared(), from_recipe() and listed() are in rules/common.smk.
 # params.values holds the values of the keys the stage declares (params.yaml, its recipe's):
 # Snakemake re-runs a job when its params change, so an edit re-runs exactly what reads it.
 """

@@ -24,3 +24,9 @@ def from_recipe(key):
 def package(folder):
     """A package's modules as inputs: its .py files (Snakemake compares their times)."""
     return [str(p) for p in sorted(Path(folder).rglob("*.py"))]
+
+
+def listed(key):
+    """A wildcard constraint: one of the names in the params.yaml list `key` (an empty list:
+    none, so the rule has no job)."""
+    return "|".join(lookup(config, key)) or "(?!)"

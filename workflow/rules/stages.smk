@@ -1,7 +1,7 @@
 # GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
 # Snakemake's rules, one a stage: the commands dvc.yaml runs, on the same files.
 # workflow/Snakefile names RECIPES, MODELS, SEEDS (pipeline.*) and BENCH (bench.recipe) before
-# it includes this file; declared() and from_recipe() are in rules/common.smk.
+# it includes this file; declared(), from_recipe() and listed() are in rules/common.smk.
 # params.values holds the values of the keys the stage declares (params.yaml, its recipe's):
 # Snakemake re-runs a job when its params change, so an edit re-runs exactly what reads it.
 
@@ -234,6 +234,44 @@ rule evaluate:
         "nmt evaluate --recipe {wildcards.recipe} --model {wildcards.model}"
         " --seed {wildcards.seed} --tokenized data/tokenized --vocab data/vocab/{wildcards.recipe}"
         " --results results --threads {threads} --gpu-mem-mb {resources.gpu_mem_mb} 2> {log}"
+
+
+rule export:
+    input:
+        "results/{recipe}-{model}-s{seed}/best.pt",
+        "data/tokenized",
+        "data/vocab/{recipe}",
+        code=[
+            *SHARED_CODE,
+            "src/nmt/export.py",
+            "src/nmt/engine.py",
+            "src/nmt/checkpoint.py",
+            "src/nmt/search.py",
+            "src/nmt/data.py",
+            "src/nmt/vocab.py",
+            "src/nmt/text.py",
+            "src/nmt/files.py",
+            *package("src/nmt/models"),
+        ],
+    output:
+        directory("exports/{recipe}-{model}-s{seed}"),
+    wildcard_constraints:
+        model=listed("pipeline.export"),
+    params:
+        values=declared(recipe_params=["data.source_lang", "data.target_lang",
+                                       "evaluate.batch_size", "evaluate.beam_size",
+                                       "evaluate.length_penalty", "evaluate.max_len_a",
+                                       "evaluate.max_len_b", "model", "train"]),
+    threads: 8
+    log:
+        "logs/export-{recipe}-{model}-{seed}.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt export --recipe {wildcards.recipe} --model {wildcards.model} --seed {wildcards.seed}"
+        " --tokenized data/tokenized --vocab data/vocab/{wildcards.recipe} --results results"
+        " --out exports/{wildcards.recipe}-{wildcards.model}-s{wildcards.seed} --threads {threads}"
+        " 2> {log}"
 
 
 rule bench:
