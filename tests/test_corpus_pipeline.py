@@ -28,7 +28,7 @@ def corpus_copy(dest, recipe: str, data: dict):
     r["data"] |= data
     r["train"].update(max_updates=0, epochs=1, devices=1, average_last=1)
     r["evaluate"]["testsets"] = ["news_test"]
-    params["pipeline"] = {"recipes": [recipe], "models": ["scratch"], "seeds": [0]}
+    params["pipeline"] = {"recipes": [recipe], "models": ["scratch"], "seeds": [0], "export": []}
     params["bench"]["recipe"] = recipe
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return root

@@ -159,7 +159,8 @@ def test_an_unwritable_results_folder_is_named(tmp_path):
 def trained(tmp_path_factory, mirror) -> Path:
     root = scratch_copy(tmp_path_factory.mktemp("faults"))
     edit_params(root / "params.yaml", pipeline={"recipes": ["published"], "models": ["baseline"],
-                                                "seeds": [0]}, bench={"recipe": "published"})
+                                                "seeds": [0], "export": []},
+                bench={"recipe": "published"})
     run(["dvc", "repro", "train@published-baseline-0"], root, env={"OMP_NUM_THREADS": "1"})
     return root
 

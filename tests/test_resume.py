@@ -186,7 +186,7 @@ def test_orchestrator_killed_mid_training_resumes(mirror, tmp_path, cmd):
         recipes["published"].setdefault("train", {})["epochs"] = 2  # the smoke copy trains 1
         edit_params(path, recipes=recipes, pipeline={"recipes": ["published"],
                                                      "models": ["baseline", "scratch"],
-                                                     "seeds": [0]})
+                                                     "seeds": [0], "export": []})
     whole = orchestrate(cmd, roots["whole"])
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
 

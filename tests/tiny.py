@@ -24,9 +24,11 @@ TINY = {
     "evaluate": {"beam_size": 2, "batch_size": 50},
     "bench": {"steps": 2, "repeats": 1, "sentences": 10},
     "report": {"samples": 3},
-    # Two seeds: the report's spread, bootstrap and seed tests run for real.
+    # Two seeds: the report's spread, bootstrap and seed tests run for real. One model's runs
+    # exported: the export stage runs under both tools, and the contract covers it.
     "pipeline": {"recipes": ["published", "tuned"],
-                 "models": ["baseline", "scratch", "decoder_only"], "seeds": [0, 1]},
+                 "models": ["baseline", "scratch", "decoder_only"], "seeds": [0, 1],
+                 "export": ["scratch"]},
 }
 
 
