@@ -233,11 +233,13 @@ def path_expr(path: str, names: list[str], indent: int = 8) -> str:
 
 
 def key_list(keys: list[str], indent: int) -> str:
-    """["a", "b", ...], wrapped under its opening bracket."""
+    """["a", "b", ...], wrapped under its opening bracket; the last line leaves room for the
+    `),` that closes the rule's call after it."""
     lines, line = [], "["
     for i, k in enumerate(keys):
-        item = quote(k) + (", " if i < len(keys) - 1 else "]")
-        if len(line) > 1 and indent + len(line) + len(item.rstrip()) >= WIDTH:
+        last = i == len(keys) - 1
+        item = quote(k) + ("]" if last else ", ")
+        if len(line) > 1 and indent + len(line) + len(item.rstrip()) + 2 * last >= WIDTH:
             lines.append(line.rstrip())
             line = " "
         line += item

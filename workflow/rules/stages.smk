@@ -347,7 +347,8 @@ rule report:
         "reports/metrics.json",
     params:
         values=declared(params=["data", "vocab", "model", "train", "evaluate", "report",
-                                "pipeline", "recipes"]),
+                                "pipeline.recipes", "pipeline.models", "pipeline.seeds",
+                                "recipes"]),
     log:
         "logs/report.log",
     conda:
