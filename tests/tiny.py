@@ -14,6 +14,9 @@ import yaml
 
 from conftest import REPO, edit_params
 
+# A hung command fails its test; a whole tiny pipeline takes about 10 minutes on a quiet
+# 2-core machine, twice that beside other work.
+TIMEOUT = 2400
 BIN = Path(sys.executable).parent  # nmt, dvc and snakemake live beside this python
 
 TINY = {
@@ -82,9 +85,9 @@ def start(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Pope
 
 
 def finish(proc: subprocess.Popen, check: bool = True) -> str:
-    """What a started command printed, once it ended (within 15 minutes)."""
+    """What a started command printed, once it ended (within TIMEOUT seconds)."""
     try:
-        output, _ = proc.communicate(timeout=900)
+        output, _ = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
