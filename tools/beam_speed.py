@@ -4,8 +4,8 @@ A scratch model of the published architecture (6+6 layers, d_model 512, 8 heads,
 Multi30k's word vocabulary sizes) with random weights, so that no hypothesis ends early and
 every sentence is decoded to its length limit; its CTranslate2 export (nmt.engine); 60
 sources of 20 random tokens; beam 5, alpha 0.6. Each decoder runs once untimed, then the
-repeats alternate between them. The engine is timed on its own translate_batch (its GNMT
-re-ranking in nmt.engine is left out); our outputs are compared with a saved run's, if given.
+repeats alternate between them. The engine is timed on its own search (Engine.search; the GNMT
+re-ranking of Engine.translate is left out); our outputs are compared with a saved run's, if given.
 
     python tools/beam_speed.py [--threads 2] [--repeats 3] [--save F | --check F]
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.engine import BANNED, Engine, engine_length_penalty, model_spec
+from nmt.engine import Engine, engine_length_penalty, model_spec
 from nmt.models import ModelConfig, build_model
 from nmt.search import DecodeConfig, output_limits, translate_batches
 from nmt.vocab import SPECIALS
@@ -46,11 +46,8 @@ def main() -> None:
     batch = [engine.source(s) for s in sources]
 
     def ctranslate2():
-        return engine.translator.translate_batch(
-            batch, beam_size=dc.beam_size, num_hypotheses=dc.beam_size,
-            length_penalty=engine_length_penalty(dc.length_penalty), return_scores=True,
-            return_end_token=True, max_decoding_length=limit, min_decoding_length=0,
-            suppress_sequences=BANNED, max_input_length=0)
+        return engine.search(batch, dc.beam_size, engine_length_penalty(dc.length_penalty),
+                             limit)
 
     decoders = {"nmt": lambda: translate_batches(model, sources, dc, progress=False),
                 "ctranslate2": ctranslate2}

@@ -182,13 +182,18 @@ class Engine:
             for start in range(0, len(idx), dc.batch_size):
                 chunk = idx[start : start + dc.batch_size]
                 batch = [self.source(sources[i]) for i in chunk]
-                results = self.translator.translate_batch(
-                    batch, beam_size=beam, num_hypotheses=beam, length_penalty=lp,
-                    return_scores=True, return_end_token=True, max_decoding_length=limit,
-                    min_decoding_length=0, suppress_sequences=BANNED, max_input_length=0)
+                results = self.search(batch, beam, lp, limit)
                 for i, src, result in zip(chunk, batch, results, strict=True):
                     outputs[i] = self.pick_best(src, result, lp, dc.length_penalty)
         return outputs
+
+    def search(self, batch: list[list[str]], beam: int, lp: float, limit: int):
+        """The engine's own search over source tokens under nmt.search's rules (one length
+        limit, <pad> and <bos> banned): all `beam` hypotheses of each, with their scores."""
+        return self.translator.translate_batch(
+            batch, beam_size=beam, num_hypotheses=beam, length_penalty=lp, return_scores=True,
+            return_end_token=True, max_decoding_length=limit, min_decoding_length=0,
+            suppress_sequences=BANNED, max_input_length=0)
 
     def pick_best(self, src: list[str], result, lp: float, alpha: float) -> list[int]:
         """The hypothesis nmt.search would return: summed log-probabilities (the engine's

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from nmt.models.beams import sentence_rows
 from nmt.models.config import ModelConfig
 
 
@@ -73,8 +74,7 @@ class PrefixCache:
 
     def keep(self, sentences: torch.Tensor) -> "PrefixCache":
         """Only these sentences (indices, ascending) go on decoding, with all their beams."""
-        beam = torch.arange(self.beams, device=sentences.device)
-        rows = (sentences[:, None] * self.beams + beam).view(-1)
+        rows = sentence_rows(sentences, self.beams)
         self.tokens, self.memory, self.src = (t.index_select(0, rows) for t in
                                               (self.tokens, self.memory, self.src))
         return self

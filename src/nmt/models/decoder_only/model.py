@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nmt.models.beams import sentence_rows
 from nmt.models.config import ModelConfig
 from nmt.models.decoder_only.block import Stack
 from nmt.models.decoder_only.embedding import JointEmbedding, Positions
@@ -73,8 +74,7 @@ class KVCache:
 
     def keep(self, sentences: torch.Tensor) -> "KVCache":
         """Only these sentences (indices, ascending) go on decoding, with all their beams."""
-        beam = torch.arange(self.beams, device=sentences.device)
-        return self.reorder((sentences[:, None] * self.beams + beam).view(-1))
+        return self.reorder(sentence_rows(sentences, self.beams))
 
 
 class DecoderOnlyTransformer(nn.Module):
