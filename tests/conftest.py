@@ -79,24 +79,37 @@ def prepared(tmp_path_factory, mirror) -> dict:
 
 
 @pytest.fixture(scope="session")
-def dvc_run(tmp_path_factory, mirror) -> Path:
-    """A tiny copy of the repository after one whole `dvc repro`, every stage recording the
-    params keys and modules it used in reads.jsonl."""
-    from tiny import run, scratch_copy
+def tiny_runs(tmp_path_factory, mirror) -> dict[str, Path]:
+    """Two tiny copies of the repository, after one whole `dvc repro` and one whole
+    `snakemake`, every stage recording the params keys and modules it used in reads.jsonl.
+    The two run at once, each on its own half of the cores: their stages take the same thread
+    count (the cores they may use), so both give the same numbers."""
+    from tiny import finish, halves, scratch_copy, start
 
-    root = scratch_copy(tmp_path_factory.mktemp("dvc"))
-    out = run(["dvc", "repro"], root, env={"NMT_TRACK_READS": str(root / "reads.jsonl")})
-    (root / "repro.log").write_text(out)
-    return root
+    dvc_cores, snakemake_cores = halves()
+    commands = {"dvc": (["dvc", "repro"], dvc_cores),
+                # gpu=2: the tiny tuned recipe trains with train.devices 2 (two Gloo processes)
+                "snakemake": (["snakemake", "--cores", str(len(snakemake_cores)),
+                               "--resources", "gpu=2"], snakemake_cores)}
+    roots, running = {}, {}
+    for tool, (cmd, cores) in commands.items():
+        roots[tool] = root = scratch_copy(tmp_path_factory.mktemp(tool))
+        running[tool] = start(cmd, root, {"NMT_TRACK_READS": str(root / "reads.jsonl")}, cores)
+    for tool, proc in running.items():  # both end before either may fail the session
+        (roots[tool] / "repro.log").write_text(finish(proc, check=False))
+    for tool, proc in running.items():
+        log = (roots[tool] / "repro.log").read_text()
+        assert proc.returncode == 0, f"{' '.join(proc.args)} failed:\n{log[-4000:]}"
+    return roots
 
 
 @pytest.fixture(scope="session")
-def snakemake_run(tmp_path_factory, mirror) -> Path:
-    """The same tiny copy after one whole `snakemake --cores 2`, reads recorded likewise."""
-    from tiny import run, scratch_copy
+def dvc_run(tiny_runs) -> Path:
+    """The tiny copy after one whole `dvc repro` (its output in repro.log)."""
+    return tiny_runs["dvc"]
 
-    root = scratch_copy(tmp_path_factory.mktemp("snakemake"))
-    # gpu=2: the tiny tuned recipe trains with train.devices 2 (two Gloo processes).
-    run(["snakemake", "--cores", "2", "--resources", "gpu=2"], root,
-        env={"NMT_TRACK_READS": str(root / "reads.jsonl")})
-    return root
+
+@pytest.fixture(scope="session")
+def snakemake_run(tiny_runs) -> Path:
+    """The same tiny copy after one whole `snakemake`, run beside it."""
+    return tiny_runs["snakemake"]

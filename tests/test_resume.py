@@ -145,8 +145,10 @@ def test_second_ctrl_c_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
-def orchestrate(cmd: list[str], root, kill_at: str | None = None):
-    """Run dvc or snakemake in its own session; kill_at: the test hook, killing the session."""
+def orchestrate(cmd: list[str], root, kill_at: str | None = None,
+                cores: set[int] | None = None):
+    """dvc or snakemake started in its own session, on `cores` only; kill_at: the test hook,
+    killing the session."""
     import subprocess
 
     from tiny import BIN
@@ -155,8 +157,17 @@ def orchestrate(cmd: list[str], root, kill_at: str | None = None):
     env.pop("NMT_TEST_KILL_AT", None)
     if kill_at:
         env["NMT_TEST_KILL_AT"] = kill_at
-    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1200,
-                          start_new_session=True)
+    return subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: os.sched_setaffinity(0, cores) if cores else None)
+
+
+def ended(proc):
+    """A started orchestrator, once it ended: its return code and output."""
+    import subprocess
+
+    stdout, stderr = proc.communicate(timeout=1200)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def report_numbers(root) -> list[dict]:
@@ -175,7 +186,7 @@ def test_orchestrator_killed_mid_training_resumes(mirror, tmp_path, cmd):
     """The orchestrator and its training are SIGKILLed together in epoch 2 (1,000 pairs / 32:
     32 updates an epoch); run again, the training resumes and the report is the same."""
     from conftest import edit_params
-    from tiny import scratch_copy
+    from tiny import halves, scratch_copy
 
     roots = {}
     for name in ("whole", "killed"):
@@ -187,16 +198,19 @@ def test_orchestrator_killed_mid_training_resumes(mirror, tmp_path, cmd):
         edit_params(path, recipes=recipes, pipeline={"recipes": ["published"],
                                                      "models": ["baseline", "scratch"],
                                                      "seeds": [0], "export": []})
-    whole = orchestrate(cmd, roots["whole"])
-    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
-
-    killed = orchestrate(cmd, roots["killed"], kill_at="step:40:KILL:session")
+    # The two copies run at once, each on half the cores: the same thread count, so the same
+    # numbers.
+    cores = dict(zip(roots, halves(), strict=True))
+    whole = orchestrate(cmd, roots["whole"], cores=cores["whole"])
+    killed = ended(orchestrate(cmd, roots["killed"], "step:40:KILL:session", cores["killed"]))
     assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:] + killed.stderr[-3000:]
     states = list((roots["killed"] / "results").glob("*/resume.pt"))
     assert len(states) == 1 and not (states[0].parent / "best.pt").exists()
     if cmd[0] == "snakemake":  # a SIGKILLed Snakemake leaves its lock; unlocking is its rule
-        orchestrate(cmd + ["--unlock"], roots["killed"])
-    again = orchestrate(cmd, roots["killed"])
+        ended(orchestrate(cmd + ["--unlock"], roots["killed"]))
+    again = ended(orchestrate(cmd, roots["killed"], cores=cores["killed"]))
+    whole = ended(whole)
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     output = again.stdout + again.stderr
     assert again.returncode == 0, output[-5000:]
     logs = "".join(p.read_text() for p in (roots["killed"] / "logs").rglob("*.log")

@@ -75,13 +75,25 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None, check: bool = True) 
     return finish(start(cmd, cwd, env), check)
 
 
-def start(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
-    """cmd started in cwd (in the background, so that a test can do something else meanwhile)."""
+def start(cmd: list[str], cwd: Path, env: dict | None = None,
+          cores: set[int] | None = None) -> subprocess.Popen:
+    """cmd started in cwd (in the background, so that a test can do something else meanwhile);
+    cores: the only ones it and its children may run on (their torch takes that many threads,
+    nmt.cli.usable_cores)."""
     # The copy runs its own sources (the venv's editable install points at the repository).
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(cwd / "src"),
            **(env or {})}
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
+
+
+def halves() -> tuple[set[int], set[int]]:
+    """This machine's cores in two halves of one size, for two runs at once that must give the
+    same numbers (the same thread count); on one core, that core twice."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = len(cores) // 2
+    return (set(cores[:half]) or set(cores)), (set(cores[half:2 * half]) or set(cores))
 
 
 def finish(proc: subprocess.Popen, check: bool = True) -> str:

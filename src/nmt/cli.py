@@ -122,7 +122,7 @@ def cmd_bench(args, params):
     if args.data:  # the data stages at scale, on a corpus of its own
         from nmt import databench
 
-        threads = args.threads or os.cpu_count() or 1
+        threads = args.threads or usable_cores()
         databench.bench_data(databench.Paths(raw=args.raw, json=args.json),
                              databench.Budget(pairs=args.pairs, threads=threads))
         return
@@ -372,7 +372,7 @@ def add_other_commands(stage, opt: dict) -> None:
 
 def set_threads(threads: int | None) -> None:
     """torch's thread count, set explicitly (so MKL, which Snakemake's MKL_NUM_THREADS would
-    otherwise steer, follows it too): --threads N, at most the machine's cores, else
+    otherwise steer, follows it too): --threads N, at most the cores it may use, else
     OMP_NUM_THREADS when set (the processes torchrun starts get theirs that way). The
     declaration's `threads:` reaches every torch stage as --threads, under DVC and Snakemake
     alike, so both give the same numbers."""
@@ -381,7 +381,16 @@ def set_threads(threads: int | None) -> None:
     import torch
 
     wanted = threads if threads is not None else int(os.environ["OMP_NUM_THREADS"])
-    torch.set_num_threads(max(1, min(wanted, os.cpu_count() or 1)))
+    torch.set_num_threads(max(1, min(wanted, usable_cores())))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system keeps one (taskset,
+    a Slurm job's binding, a container's cpuset), else the machine's count. More threads than
+    that only take turns on the same cores."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def bound_gpu_memory(megabytes: int) -> None:

@@ -27,7 +27,7 @@ pins() { grep -iE "^($(IFS='|'; echo "$*"))==" constraints.txt requirements.txt 
 "$BIN/python" -m pip wheel -q --no-deps -w "$all" $(pins antlr4-python3-runtime connection_pool)
 "$BIN/python" -m pip download -q --only-binary=:all: --find-links "$all" -d "$all" \
     --python-version "$PY" --implementation cp ${platforms[@]/#/--platform } \
-    -c constraints.txt $(pins snakemake dvc jsonschema)
+    -c constraints.txt $(pins snakemake dvc ruamel.yaml.clib jsonschema)
 rm -rf "$WHEELS" && mkdir -p "$WHEELS"
 normal() { tr 'A-Z_.' 'a-z--'; }
 image=$(grep -v '^#' tools/gpu/image-packages.txt | normal)
