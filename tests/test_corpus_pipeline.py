@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from corpora import corpus_data, write_files, write_parquet
-from tiny import run, scratch_copy
+from tiny import finish, halves, run, scratch_copy, start
 
 pytestmark = pytest.mark.slow
 
@@ -34,19 +34,38 @@ def corpus_copy(dest, recipe: str, data: dict):
     return root
 
 
+@pytest.fixture(scope="module")
+def first_runs(tmp_path_factory, mirror) -> dict[str, dict]:
+    """Both pipelines after their first run, run at once (each on half the cores): iwslt14 on
+    local text files under `dvc repro`, wmt14 on a local parquet dataset under Snakemake."""
+    base = tmp_path_factory.mktemp("corpora")
+    files = write_files(mirror, base / "corpus")
+    dataset = base / "wmt_like"
+    hf = write_parquet(mirror, dataset)
+    dvc_cores, snakemake_cores = halves()
+    pipelines = {
+        "iwslt14": {"root": corpus_copy(base / "iwslt14", "iwslt14", corpus_data("files", files)),
+                    "corpus": base / "corpus", "cmd": ["dvc", "repro"], "cores": dvc_cores},
+        "wmt14": {"root": corpus_copy(base / "wmt14", "wmt14", corpus_data("huggingface", hf)),
+                  "corpus": dataset, "cores": snakemake_cores,
+                  "cmd": ["snakemake", "--cores", str(len(snakemake_cores))]}}
+    running = [start(p["cmd"], p["root"], cores=p["cores"]) for p in pipelines.values()]
+    for proc in running:
+        finish(proc)
+    return pipelines
+
+
 def results(root) -> list[tuple]:
     with open(root / "reports" / "results.csv") as f:
         return [(r["recipe"], r["model"], r["testset"]) for r in csv.DictReader(f)]
 
 
-def test_iwslt14_on_local_files_under_dvc(tmp_path, mirror):
-    files = write_files(mirror, tmp_path / "corpus")
-    root = corpus_copy(tmp_path / "repo", "iwslt14", corpus_data("files", files))
-    run(["dvc", "repro"], root)
+def test_iwslt14_on_local_files_under_dvc(first_runs):
+    root, corpus = first_runs["iwslt14"]["root"], first_runs["iwslt14"]["corpus"]
     assert results(root) == [("iwslt14", "scratch", "news_test")]
     assert re.findall(r"Running stage '([^']+)'", run(["dvc", "repro"], root)) == ["sources"]
 
-    edited = tmp_path / "corpus" / "news_test.en.gz"  # one test sentence changes
+    edited = corpus / "news_test.en.gz"  # one test sentence changes
     lines = gzip.decompress(edited.read_bytes()).decode().splitlines()
     edited.write_bytes(gzip.compress(("An edited sentence.\n" + "\n".join(lines[1:]) + "\n")
                                      .encode()))
@@ -56,11 +75,8 @@ def test_iwslt14_on_local_files_under_dvc(tmp_path, mirror):
     assert "An edited sentence." in (root / "data/tokenized/news_test.en.txt").read_text()
 
 
-def test_wmt14_on_a_local_huggingface_dataset_under_snakemake(tmp_path, mirror):
-    dataset = tmp_path / "wmt_like"
-    hf = write_parquet(mirror, dataset)
-    root = corpus_copy(tmp_path / "repo", "wmt14", corpus_data("huggingface", hf))
-    run(["snakemake", "--cores", "2"], root)
+def test_wmt14_on_a_local_huggingface_dataset_under_snakemake(first_runs):
+    root, dataset = first_runs["wmt14"]["root"], first_runs["wmt14"]["corpus"]
     assert results(root) == [("wmt14", "scratch", "news_test")]
     assert "Nothing to be done" in run(["snakemake", "--cores", "2"], root)
 

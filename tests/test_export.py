@@ -6,6 +6,8 @@ per-token log-probabilities, greedy and beam outputs on every test sentence, and
 Planted conversion bugs must make the export refuse.
 """
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from itertools import islice
 from pathlib import Path
@@ -46,8 +48,9 @@ def settings_for(cfg: ModelConfig) -> dict:
 
 
 def train_run(folder: Path, name: str, cfg: ModelConfig, vocab: Path, tokenized: Path) -> None:
-    """A tiny model trained for STEPS steps, saved as the run's best.pt."""
+    """A tiny model trained for STEPS steps on one thread, saved as the run's best.pt."""
     src_codec, tgt_codec = load_codecs(vocab)
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = build_model(name, cfg, len(src_codec), len(tgt_codec))
     pairs = load_pairs(tokenized, "train", src_codec, tgt_codec, cfg.max_len)
@@ -59,6 +62,7 @@ def train_run(folder: Path, name: str, cfg: ModelConfig, vocab: Path, tokenized:
             opt.zero_grad()
             (loss / n).backward()
             opt.step()
+    folder.mkdir()
     save(folder / "best.pt", model.eval(), name=name, recipe="published", cfg=cfg,
          src_vocab_size=len(src_codec), tgt_vocab_size=len(tgt_codec),
          params=settings_for(cfg))
@@ -74,12 +78,14 @@ CASES = {  # run name -> (model, vocabulary kind, model settings)
 
 @pytest.fixture(scope="module")
 def runs(prepared, tmp_path_factory, one_thread) -> Path:
-    """results/ holding the CASES, trained."""
+    """results/ holding the CASES, trained at once, a process each."""
     results = tmp_path_factory.mktemp("results")
-    for name, (model, kind, cfg) in CASES.items():
-        folder = results / name
-        folder.mkdir()
-        train_run(folder, model, cfg, prepared[kind], prepared["tokenized"])
+    with ProcessPoolExecutor(len(CASES), mp_context=multiprocessing.get_context("spawn")) as pool:
+        trainings = [pool.submit(train_run, results / name, model, cfg, prepared[kind],
+                                 prepared["tokenized"])
+                     for name, (model, kind, cfg) in CASES.items()]
+        for training in trainings:
+            training.result()
     return results
 
 

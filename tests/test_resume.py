@@ -148,8 +148,10 @@ def test_second_ctrl_c_stops_at_once():
 def orchestrate(cmd: list[str], root, kill_at: str | None = None,
                 cores: set[int] | None = None):
     """dvc or snakemake started in its own session, on `cores` only; kill_at: the test hook,
-    killing the session."""
+    killing the session. Output goes to files (a pipe nobody reads while the test waits for
+    the other copy would fill up and stop it)."""
     import subprocess
+    import tempfile
 
     from tiny import BIN
 
@@ -157,17 +159,26 @@ def orchestrate(cmd: list[str], root, kill_at: str | None = None,
     env.pop("NMT_TEST_KILL_AT", None)
     if kill_at:
         env["NMT_TEST_KILL_AT"] = kill_at
-    return subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+    out, err = (tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
+                for _ in range(2))
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=err,
+                            start_new_session=True,
                             preexec_fn=lambda: os.sched_setaffinity(0, cores) if cores else None)
+    proc.files = out, err
+    return proc
 
 
 def ended(proc):
     """A started orchestrator, once it ended: its return code and output."""
     import subprocess
 
-    stdout, stderr = proc.communicate(timeout=1200)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    proc.wait(timeout=1200)
+    texts = []
+    for file in proc.files:
+        with file:
+            file.seek(0)
+            texts.append(file.read())
+    return subprocess.CompletedProcess(proc.args, proc.returncode, *texts)
 
 
 def report_numbers(root) -> list[dict]:

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -79,13 +80,31 @@ def start(cmd: list[str], cwd: Path, env: dict | None = None,
           cores: set[int] | None = None) -> subprocess.Popen:
     """cmd started in cwd (in the background, so that a test can do something else meanwhile);
     cores: the only ones it and its children may run on (their torch takes that many threads,
-    nmt.cli.usable_cores)."""
+    nmt.cli.usable_cores). Its output goes to a file, not a pipe: a pipe nobody reads while
+    the test waits for something else fills up and stops the command until then."""
     # The copy runs its own sources (the venv's editable install points at the repository).
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(cwd / "src"),
            **(env or {})}
+    output = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
+                            preexec_fn=pin)
+    proc.output = output
+    return proc
+
+
+def finish(proc: subprocess.Popen, check: bool = True) -> str:
+    """What a started command printed, once it ended (within TIMEOUT seconds)."""
+    try:
+        proc.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    with proc.output as file:
+        file.seek(0)
+        output = file.read()
+    assert proc.returncode == 0 or not check, f"{' '.join(proc.args)} failed:\n{output[-4000:]}"
+    return output
 
 
 def halves() -> tuple[set[int], set[int]]:
@@ -94,17 +113,6 @@ def halves() -> tuple[set[int], set[int]]:
     cores = sorted(os.sched_getaffinity(0))
     half = len(cores) // 2
     return (set(cores[:half]) or set(cores)), (set(cores[half:2 * half]) or set(cores))
-
-
-def finish(proc: subprocess.Popen, check: bool = True) -> str:
-    """What a started command printed, once it ended (within TIMEOUT seconds)."""
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    assert proc.returncode == 0 or not check, f"{' '.join(proc.args)} failed:\n{output[-4000:]}"
-    return output
 
 
 def check_report(root: Path) -> None:
