@@ -1,5 +1,9 @@
 """params.yaml validation: every bad value stops with one line naming the key and the fix."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -146,3 +150,16 @@ def test_every_entry_point_gives_the_same_one_line(tmp_path):
                               text=True)
         errors = [line for line in proc.stderr.splitlines() if "error" in line]
         assert proc.returncode != 0 and len(errors) == 1 and want in errors[0], proc.stderr
+
+
+def test_threads_are_at_most_the_cores_the_process_may_use():
+    """--threads 8 in a process bound to one core (taskset, a Slurm binding, a cpuset) gives
+    torch one thread: more would only take turns on that core. Unbound: 8, at most the
+    machine's cores."""
+    code = ("import torch; from nmt.cli import set_threads; set_threads(8); "
+            "print(torch.get_num_threads())")
+    cores = os.sched_getaffinity(0)
+    for bound, expected in (({min(cores)}, 1), (cores, min(8, len(cores)))):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, preexec_fn=lambda b=bound: os.sched_setaffinity(0, b))
+        assert proc.stdout.split() == [str(expected)], proc.stderr
