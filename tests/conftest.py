@@ -81,25 +81,20 @@ def prepared(tmp_path_factory, mirror) -> dict:
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory, mirror) -> dict[str, Path]:
     """Two tiny copies of the repository, after one whole `dvc repro` and one whole
-    `snakemake`, every stage recording the params keys and modules it used in reads.jsonl.
-    The two run at once, each on its own half of the cores: their stages take the same thread
-    count (the cores they may use), so both give the same numbers."""
-    from tiny import finish, halves, scratch_copy, start
+    `snakemake` (outputs in repro.log), every stage recording the params keys and modules it
+    used in reads.jsonl. The two run at once, each on its own half of the cores: their stages
+    take the same thread count (the cores they may use), so both give the same numbers."""
+    from tiny import halves, run_at_once, scratch_copy
 
-    dvc_cores, snakemake_cores = halves()
-    commands = {"dvc": (["dvc", "repro"], dvc_cores),
+    roots = {tool: scratch_copy(tmp_path_factory.mktemp(tool)) for tool in ("dvc", "snakemake")}
+    commands = {"dvc": ["dvc", "repro"],
                 # gpu=2: the tiny tuned recipe trains with train.devices 2 (two Gloo processes)
-                "snakemake": (["snakemake", "--cores", str(len(snakemake_cores)),
-                               "--resources", "gpu=2"], snakemake_cores)}
-    roots, running = {}, {}
-    for tool, (cmd, cores) in commands.items():
-        roots[tool] = root = scratch_copy(tmp_path_factory.mktemp(tool))
-        running[tool] = start(cmd, root, {"NMT_TRACK_READS": str(root / "reads.jsonl")}, cores)
-    for tool, proc in running.items():  # both end before either may fail the session
-        (roots[tool] / "repro.log").write_text(finish(proc, check=False))
-    for tool, proc in running.items():
-        log = (roots[tool] / "repro.log").read_text()
-        assert proc.returncode == 0, f"{' '.join(proc.args)} failed:\n{log[-4000:]}"
+                "snakemake": ["snakemake", "--cores", str(len(halves()[1])),
+                              "--resources", "gpu=2"]}
+    outputs = run_at_once([(commands[tool], root, {"NMT_TRACK_READS": str(root / "reads.jsonl")})
+                           for tool, root in roots.items()])
+    for root, output in zip(roots.values(), outputs, strict=True):
+        (root / "repro.log").write_text(output)
     return roots
 
 

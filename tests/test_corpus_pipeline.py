@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from corpora import corpus_data, write_files, write_parquet
-from tiny import finish, halves, run, scratch_copy, start
+from tiny import halves, run, run_at_once, scratch_copy
 
 pytestmark = pytest.mark.slow
 
@@ -40,18 +40,14 @@ def first_runs(tmp_path_factory, mirror) -> dict[str, dict]:
     local text files under `dvc repro`, wmt14 on a local parquet dataset under Snakemake."""
     base = tmp_path_factory.mktemp("corpora")
     files = write_files(mirror, base / "corpus")
-    dataset = base / "wmt_like"
-    hf = write_parquet(mirror, dataset)
-    dvc_cores, snakemake_cores = halves()
+    hf = write_parquet(mirror, base / "wmt_like")
     pipelines = {
         "iwslt14": {"root": corpus_copy(base / "iwslt14", "iwslt14", corpus_data("files", files)),
-                    "corpus": base / "corpus", "cmd": ["dvc", "repro"], "cores": dvc_cores},
+                    "corpus": base / "corpus", "cmd": ["dvc", "repro"]},
         "wmt14": {"root": corpus_copy(base / "wmt14", "wmt14", corpus_data("huggingface", hf)),
-                  "corpus": dataset, "cores": snakemake_cores,
-                  "cmd": ["snakemake", "--cores", str(len(snakemake_cores))]}}
-    running = [start(p["cmd"], p["root"], cores=p["cores"]) for p in pipelines.values()]
-    for proc in running:
-        finish(proc)
+                  "corpus": base / "wmt_like",
+                  "cmd": ["snakemake", "--cores", str(len(halves()[1]))]}}
+    run_at_once([(p["cmd"], p["root"], None) for p in pipelines.values()])
     return pipelines
 
 

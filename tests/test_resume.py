@@ -148,37 +148,11 @@ def test_second_ctrl_c_stops_at_once():
 def orchestrate(cmd: list[str], root, kill_at: str | None = None,
                 cores: set[int] | None = None):
     """dvc or snakemake started in its own session, on `cores` only; kill_at: the test hook,
-    killing the session. Output goes to files (a pipe nobody reads while the test waits for
-    the other copy would fill up and stop it)."""
-    import subprocess
-    import tempfile
+    killing the session."""
+    from tiny import start
 
-    from tiny import BIN
-
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
-    env.pop("NMT_TEST_KILL_AT", None)
-    if kill_at:
-        env["NMT_TEST_KILL_AT"] = kill_at
-    out, err = (tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
-                for _ in range(2))
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=err,
-                            start_new_session=True,
-                            preexec_fn=lambda: os.sched_setaffinity(0, cores) if cores else None)
-    proc.files = out, err
-    return proc
-
-
-def ended(proc):
-    """A started orchestrator, once it ended: its return code and output."""
-    import subprocess
-
-    proc.wait(timeout=1200)
-    texts = []
-    for file in proc.files:
-        with file:
-            file.seek(0)
-            texts.append(file.read())
-    return subprocess.CompletedProcess(proc.args, proc.returncode, *texts)
+    return start(cmd, root, {"OMP_NUM_THREADS": "1", "NMT_TEST_KILL_AT": kill_at or ""}, cores,
+                 new_session=True)
 
 
 def report_numbers(root) -> list[dict]:
@@ -197,7 +171,7 @@ def test_orchestrator_killed_mid_training_resumes(mirror, tmp_path, cmd):
     """The orchestrator and its training are SIGKILLed together in epoch 2 (1,000 pairs / 32:
     32 updates an epoch); run again, the training resumes and the report is the same."""
     from conftest import edit_params
-    from tiny import halves, scratch_copy
+    from tiny import finish, halves, scratch_copy
 
     roots = {}
     for name in ("whole", "killed"):
@@ -213,16 +187,16 @@ def test_orchestrator_killed_mid_training_resumes(mirror, tmp_path, cmd):
     # numbers.
     cores = dict(zip(roots, halves(), strict=True))
     whole = orchestrate(cmd, roots["whole"], cores=cores["whole"])
-    killed = ended(orchestrate(cmd, roots["killed"], "step:40:KILL:session", cores["killed"]))
-    assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:] + killed.stderr[-3000:]
+    killed = orchestrate(cmd, roots["killed"], "step:40:KILL:session", cores["killed"])
+    output = finish(killed, check=False)
+    assert killed.returncode == -signal.SIGKILL, output[-6000:]
     states = list((roots["killed"] / "results").glob("*/resume.pt"))
     assert len(states) == 1 and not (states[0].parent / "best.pt").exists()
     if cmd[0] == "snakemake":  # a SIGKILLed Snakemake leaves its lock; unlocking is its rule
-        ended(orchestrate(cmd + ["--unlock"], roots["killed"]))
-    again = ended(orchestrate(cmd, roots["killed"], cores=cores["killed"]))
-    whole = ended(whole)
-    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
-    output = again.stdout + again.stderr
+        finish(orchestrate(cmd + ["--unlock"], roots["killed"]))
+    again = orchestrate(cmd, roots["killed"], cores=cores["killed"])
+    output = finish(again, check=False)
+    finish(whole)  # the uninterrupted copy: it must have succeeded
     assert again.returncode == 0, output[-5000:]
     logs = "".join(p.read_text() for p in (roots["killed"] / "logs").rglob("*.log")
                    ) if cmd[0] == "snakemake" else output

@@ -76,19 +76,20 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None, check: bool = True) 
     return finish(start(cmd, cwd, env), check)
 
 
-def start(cmd: list[str], cwd: Path, env: dict | None = None,
-          cores: set[int] | None = None) -> subprocess.Popen:
+def start(cmd: list[str], cwd: Path, env: dict | None = None, cores: set[int] | None = None,
+          new_session: bool = False) -> subprocess.Popen:
     """cmd started in cwd (in the background, so that a test can do something else meanwhile);
     cores: the only ones it and its children may run on (their torch takes that many threads,
-    nmt.cli.usable_cores). Its output goes to a file, not a pipe: a pipe nobody reads while
-    the test waits for something else fills up and stops the command until then."""
+    nmt.cli.usable_cores); new_session: in a session of its own (which a test hook can kill
+    whole). Its output goes to a file, not a pipe: a pipe nobody reads while the test waits
+    for something else fills up and stops the command until then."""
     # The copy runs its own sources (the venv's editable install points at the repository).
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(cwd / "src"),
            **(env or {})}
     output = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
-                            preexec_fn=pin)
+                            preexec_fn=pin, start_new_session=new_session)
     proc.output = output
     return proc
 
@@ -113,6 +114,17 @@ def halves() -> tuple[set[int], set[int]]:
     cores = sorted(os.sched_getaffinity(0))
     half = len(cores) // 2
     return (set(cores[:half]) or set(cores)), (set(cores[half:2 * half]) or set(cores))
+
+
+def run_at_once(commands: list[tuple[list[str], Path, dict | None]]) -> list[str]:
+    """Two (cmd, cwd, env) run at once, each on its own half of the cores (halves); what each
+    printed, once both ended (a failure fails the test only then)."""
+    running = [start(cmd, cwd, env, cores)
+               for (cmd, cwd, env), cores in zip(commands, halves(), strict=True)]
+    outputs = [finish(proc, check=False) for proc in running]
+    for proc, output in zip(running, outputs, strict=True):
+        assert proc.returncode == 0, f"{' '.join(proc.args)} failed:\n{output[-4000:]}"
+    return outputs
 
 
 def check_report(root: Path) -> None:
