@@ -10,7 +10,7 @@ ifneq ($(wildcard $(MIRROR)/SHA256SUMS),)
 export MULTI30K_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: setup test reproduce demo demo-search smoke bench-data lint lock clean gpu-bundle
+.PHONY: setup test test-fast coverage reproduce demo demo-search smoke bench-data lint lock clean gpu-bundle
 
 setup: $(VENV)/.installed  ## create .venv with the pinned dependencies (torch==2.13.0 included)
 
@@ -20,8 +20,20 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
+# pytest-xdist runs the tests in TEST_WORKERS processes, a module each at a time (the modules
+# of the shared tiny pipelines together; tests/conftest.py); TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+
 test: setup  ## the whole test suite, the smoke runs of both orchestrators included
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
+
+test-fast: setup  ## every test but the end-to-end runs of the orchestrators: the edit-test loop
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow"
+
+# Line coverage of src/nmt, the `nmt` commands that DVC and Snakemake run in the tests' copies
+# of the repository included (coverage's subprocess patch; pyproject.toml [tool.coverage]).
+coverage: setup  ## the whole test suite, with the line coverage of each module of src/nmt
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --cov --cov-report=term
 
 reproduce: setup  ## the whole comparison: download ... report (`dvc repro`)
 	$(BIN)/dvc repro
@@ -72,4 +84,4 @@ gpu-bundle: setup  ## data stages + wheels for a GPU machine that has PyTorch bu
 	bash tools/gpu/bundle.sh
 
 clean:  ## remove the environment and local caches (not data/ or results/)
-	rm -rf $(VENV) .pytest_cache .ruff_cache .snakemake logs
+	rm -rf $(VENV) .pytest_cache .ruff_cache .snakemake logs .coverage .coverage.*

@@ -7,12 +7,48 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
-import yaml
+
+# Threads that wait at a barrier sleep instead of spinning (libgomp's default spins first): a
+# 2-thread torch step waiting for a core the other test worker holds burned ~2.5x the CPU and
+# took ~2.5x as long. Set before torch loads, here and in every process the tests start; the
+# thread counts, and so the numbers, stay as they are.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from nmt.params import load_params
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- running the tests on every core (pytest-xdist: make test runs pytest -n 2) --------------
+# A worker runs whole modules, so that a module's fixtures are built once; the modules that
+# share the session's tiny pipelines run on one worker together, so that those are built once
+# (and run in this order: test_pipeline's last test changes the DVC copy). Modules with slow
+# tests start first, the tiny pipelines' first of all: the longest work starts before the
+# short, and the workers end close together.
+TINY_RUNS = "tiny_runs"
+TINY_RUNS_MODULES = ("test_contract.py", "test_pipeline.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        """LoadScopeScheduling whose scope is the module, or TINY_RUNS for its modules."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return TINY_RUNS if Path(module).name in TINY_RUNS_MODULES else module
+
+    return ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tiny pipelines first, then the other modules with slow tests, then the rest."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path.name not in TINY_RUNS_MODULES, item.path not in slow))
 
 
 @pytest.fixture(scope="module")
@@ -98,13 +134,22 @@ def tiny_runs(tmp_path_factory, mirror) -> dict[str, Path]:
     return roots
 
 
-@pytest.fixture(scope="session")
-def dvc_run(tiny_runs) -> Path:
+def in_tiny_group(test: pytest.Item) -> None:
+    """A test of the tiny pipelines runs on their worker; on another, it would build them
+    again."""
+    assert test.path.name in TINY_RUNS_MODULES, \
+        f"{test.nodeid} uses the tiny pipelines: add its module to TINY_RUNS_MODULES"
+
+
+@pytest.fixture
+def dvc_run(tiny_runs, request) -> Path:
     """The tiny copy after one whole `dvc repro` (its output in repro.log)."""
+    in_tiny_group(request.node)
     return tiny_runs["dvc"]
 
 
-@pytest.fixture(scope="session")
-def snakemake_run(tiny_runs) -> Path:
+@pytest.fixture
+def snakemake_run(tiny_runs, request) -> Path:
     """The same tiny copy after one whole `snakemake`, run beside it."""
+    in_tiny_group(request.node)
     return tiny_runs["snakemake"]

@@ -164,42 +164,65 @@ def report_numbers(root) -> list[dict]:
                 for row in csv.DictReader(f)]
 
 
+def two_epoch_copy(dest) -> object:
+    """A tiny copy whose pipeline trains published baseline and scratch, seed 0, 2 epochs."""
+    from conftest import edit_params
+    from tiny import scratch_copy
+
+    root = scratch_copy(dest)
+    path = root / "params.yaml"
+    recipes = yaml.safe_load(path.read_text())["recipes"]
+    recipes["published"].setdefault("train", {})["epochs"] = 2  # the smoke copy trains 1
+    edit_params(path, recipes=recipes, pipeline={"recipes": ["published"],
+                                                 "models": ["baseline", "scratch"],
+                                                 "seeds": [0], "export": []})
+    return root
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(mirror, tmp_path_factory):
+    """The numbers of the copy run whole, the reference of both killed runs below: one
+    `dvc repro` on half of the cores, started at once (the first killed run goes on the other
+    half); calling it waits for the numbers. DVC and Snakemake run the same commands, with one
+    thread each here, to the same numbers (tests/test_pipeline.py), so one reference serves
+    both."""
+    from tiny import finish, halves
+
+    root = two_epoch_copy(tmp_path_factory.mktemp("whole"))
+    whole = orchestrate(["dvc", "repro"], root, cores=halves()[0])
+    numbers = []
+
+    def wait() -> list[dict]:
+        if not numbers:
+            finish(whole)  # the uninterrupted copy: it must have succeeded
+            numbers.append(report_numbers(root))
+        return numbers[0]
+    yield wait
+    wait()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cmd", [["dvc", "repro"], ["snakemake", "--cores", "2"]],
                          ids=["dvc", "snakemake"])
-def test_orchestrator_killed_mid_training_resumes(mirror, tmp_path, cmd):
+def test_orchestrator_killed_mid_training_resumes(uninterrupted, tmp_path, cmd):
     """The orchestrator and its training are SIGKILLed together in epoch 2 (1,000 pairs / 32:
     32 updates an epoch); run again, the training resumes and the report is the same."""
-    from conftest import edit_params
-    from tiny import finish, halves, scratch_copy
+    from tiny import finish, halves
 
-    roots = {}
-    for name in ("whole", "killed"):
-        (tmp_path / name).mkdir()
-        roots[name] = scratch_copy(tmp_path / name)
-        path = roots[name] / "params.yaml"
-        recipes = yaml.safe_load(path.read_text())["recipes"]
-        recipes["published"].setdefault("train", {})["epochs"] = 2  # the smoke copy trains 1
-        edit_params(path, recipes=recipes, pipeline={"recipes": ["published"],
-                                                     "models": ["baseline", "scratch"],
-                                                     "seeds": [0], "export": []})
-    # The two copies run at once, each on half the cores: the same thread count, so the same
-    # numbers.
-    cores = dict(zip(roots, halves(), strict=True))
-    whole = orchestrate(cmd, roots["whole"], cores=cores["whole"])
-    killed = orchestrate(cmd, roots["killed"], "step:40:KILL:session", cores["killed"])
+    root = two_epoch_copy(tmp_path)
+    cores = halves()[1]
+    killed = orchestrate(cmd, root, "step:40:KILL:session", cores)
     output = finish(killed, check=False)
     assert killed.returncode == -signal.SIGKILL, output[-6000:]
-    states = list((roots["killed"] / "results").glob("*/resume.pt"))
+    states = list((root / "results").glob("*/resume.pt"))
     assert len(states) == 1 and not (states[0].parent / "best.pt").exists()
     if cmd[0] == "snakemake":  # a SIGKILLed Snakemake leaves its lock; unlocking is its rule
-        finish(orchestrate(cmd + ["--unlock"], roots["killed"]))
-    again = orchestrate(cmd, roots["killed"], cores=cores["killed"])
+        finish(orchestrate(cmd + ["--unlock"], root))
+    again = orchestrate(cmd, root, cores=cores)
     output = finish(again, check=False)
-    finish(whole)  # the uninterrupted copy: it must have succeeded
     assert again.returncode == 0, output[-5000:]
-    logs = "".join(p.read_text() for p in (roots["killed"] / "logs").rglob("*.log")
+    logs = "".join(p.read_text() for p in (root / "logs").rglob("*.log")
                    ) if cmd[0] == "snakemake" else output
     assert "resuming from epoch 2, step 32 of 64 " in logs
     assert not states[0].exists()
-    assert report_numbers(roots["killed"]) == report_numbers(roots["whole"])
+    assert report_numbers(root) == uninterrupted()
