@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from conftest import REPO, edit_params
@@ -163,3 +164,38 @@ def test_threads_are_at_most_the_cores_the_process_may_use():
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True, preexec_fn=lambda b=bound: os.sched_setaffinity(0, b))
         assert proc.stdout.split() == [str(expected)], proc.stderr
+
+
+def test_nmt_stages_checks_writes_and_names_each_stale_file(tmp_path, monkeypatch, capsys):
+    """`nmt stages --check` names each rendered file that differs from the declaration, with
+    the fix; `--write` renders them as the repository has them; then the check passes."""
+    declaration = REPO / "workflow" / "stages.yaml"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "workflow" / "rules").mkdir(parents=True)
+    argv = ["-q", "--params", str(REPO / "params.yaml"), "stages", "--declaration",
+            str(declaration)]
+    assert main([*argv, "--check"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"nmt stages: error: dvc.yaml and workflow/rules/stages.smk differ from {declaration} "
+        "(fix: nmt stages --write)")
+    assert main([*argv, "--write"]) == 0
+    for rendered in ("dvc.yaml", "workflow/rules/stages.smk"):
+        assert (tmp_path / rendered).read_text() == (REPO / rendered).read_text()
+    assert main([*argv, "--check"]) == 0
+    with open(tmp_path / "dvc.yaml", "a") as dvc_yaml:
+        dvc_yaml.write("# a hand edit\n")
+    assert main([*argv, "--check"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"nmt stages: error: dvc.yaml differs from {declaration} (fix: nmt stages --write)")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_device_without_a_gpu_is_one_line():
+    """What `nmt translate --device cuda` or `nmt bench --device cuda` meets on a CPU machine."""
+    from nmt.runtime import pick_device
+
+    assert pick_device("auto").type == "cpu"
+    with pytest.raises(NmtError) as error:
+        pick_device("cuda:1")
+    assert str(error.value) == ("device 'cuda:1' asked for, but no CUDA GPU is visible (fix: "
+                                "device: auto)")
