@@ -36,6 +36,9 @@ from nmt.vocab import BOS_ID, EOS_ID, load_codecs
 TINY = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
                    dim_feedforward=64, dropout=0.1, max_len=64)
 STEPS = 200  # Adam steps: outputs that differ by sentence, most ending before their limit
+# Three trainings of STEPS steps before the first test (about a minute and a half on 2
+# busy cores): the slow tier, with the orchestrators' runs (make test-fast skips it).
+pytestmark = pytest.mark.slow
 
 
 def settings_for(cfg: ModelConfig) -> dict:
