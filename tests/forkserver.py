@@ -3,17 +3,18 @@
 The contract tests dry-run `snakemake -n` about 100 times; each new process spent about 1.4 s
 of CPU importing Snakemake and its plugins before it read the Snakefile. A fork server
 imports the command's main function once, then forks a child for each run: the child starts
-from that state, as a new process would after the imports, changes to the run's folder,
-writes its output to a file and exits with the command's exit code. Nothing a run does
-reaches the next one (each is a child of the server, never the server itself).
+from that state, as a new process would after the imports, writes its output to a file and
+exits with the command's exit code. Every run is in the folder the server started in.
+Nothing a run does reaches the next one (each is a child of the server, never the server
+itself).
 
     with ForkServer("snakemake.cli:main", root, env) as snakemake:
-        dry_run = snakemake.start(["-n", "--cores", "2"], root)
+        dry_run = snakemake.start(["-n", "--cores", "2"])
         ...                              # something else, while it runs
         output = snakemake.finish(dry_run)
 
 Run as a program (`python forkserver.py MODULE:FUNCTION`), this file is the server: one JSON
-request a line on stdin ({"program", "args", "cwd", "output"}), one JSON reply a line on stdout
+request a line on stdin ({"args", "output"}), one JSON reply a line on stdout
 ({"returncode"}), in order.
 """
 
@@ -43,22 +44,21 @@ class ForkServer:
     """The server process for one entry point (`module:function`), started with env."""
 
     def __init__(self, entry: str, cwd: Path, env: dict[str, str], timeout: float = 600):
-        """cwd: where the runs will be, for what the command records at import (Snakemake
-        its run directory)."""
+        """cwd: where every run is, from the imports on (Snakemake records its run directory
+        when it is imported)."""
         self.entry, self.timeout = entry, timeout
         self.folder = Path(tempfile.mkdtemp(prefix="forkserver-"))
         self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), entry],
-                                        cwd=cwd, env=env,
-                                        text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                        cwd=cwd, env=env, text=True, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE)
         self.runs = 0
 
-    def start(self, args: list[str], cwd: Path) -> Pending:
-        """Ask for one run of the command with args in cwd; finish() waits for it. Runs are
-        served one at a time, in the order asked."""
+    def start(self, args: list[str]) -> Pending:
+        """Ask for one run of the command with args; finish() waits for it. Runs are served
+        one at a time, in the order asked."""
         self.runs += 1
         pending = Pending(args, self.folder / f"run-{self.runs}.log")
-        request = {"program": self.entry.partition(".")[0], "args": args, "cwd": str(cwd),
-                   "output": str(pending.output)}
+        request = {"args": args, "output": str(pending.output)}
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         return pending
@@ -87,14 +87,13 @@ class ForkServer:
         self.close()
 
 
-def run_child(main, request: dict) -> None:
+def run_child(main, program: str, request: dict) -> None:
     """In the forked child: the command as its own process would run, then exit."""
-    os.chdir(request["cwd"])
     output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(output, 1)
     os.dup2(output, 2)
-    sys.argv = [request["program"], *request["args"]]
+    sys.argv = [program, *request["args"]]
     code = 0
     try:
         main(request["args"])
@@ -119,7 +118,7 @@ def serve(entry: str) -> None:
     for line in sys.stdin:
         child = os.fork()
         if child == 0:
-            run_child(main, json.loads(line))
+            run_child(main, module.partition(".")[0], json.loads(line))
         _, status = os.waitpid(child, 0)
         print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
 

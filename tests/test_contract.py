@@ -301,10 +301,10 @@ def snakemake(snakemake_run):
         yield server
 
 
-def start_dry_run(snakemake: ForkServer, root: Path) -> Pending:
-    """`snakemake -n` started in root; snakemake_jobs reads it. It runs while the test asks
-    DVC in this process: the two take about as long, and CI has two cores."""
-    return snakemake.start(["-n", "--cores", "2"], root)
+def start_dry_run(snakemake: ForkServer) -> Pending:
+    """`snakemake -n` started in the Snakemake copy; snakemake_jobs reads it. It runs while
+    the test asks DVC in this process: the two take about as long, and CI has two cores."""
+    return snakemake.start(["-n", "--cores", "2"])
 
 
 def snakemake_jobs(snakemake: ForkServer, dry_run: Pending) -> set[str]:
@@ -374,7 +374,7 @@ def test_a_changed_key_reruns_exactly_the_stages_that_declare_it(dvc_run, snakem
             continue
         tried.append(key)
         (snakemake_run / "params.yaml").write_text(yaml.safe_dump(new, sort_keys=False))
-        dry_run = start_dry_run(snakemake, snakemake_run)
+        dry_run = start_dry_run(snakemake)
         resolve_recipes(dvc_run, dvc_run / "params.yaml", recipes)
         want = expected(old, new)
         got_dvc, got_smk = dvc_changed(dvc_run), snakemake_jobs(snakemake, dry_run)
@@ -404,7 +404,7 @@ def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakema
             with open(root / rel, "a") as f:
                 f.write("\n# a change\n")
         want = {name for name, (s, _) in jobs(params).items() if code in s.code}
-        dry_run = start_dry_run(snakemake, snakemake_run)
+        dry_run = start_dry_run(snakemake)
         got_dvc = dvc_changed(dvc_run, config=True)
         got_smk = snakemake_jobs(snakemake, dry_run)
         if got_dvc != want - {ALWAYS}:

@@ -137,7 +137,7 @@ def as_nobody(check, *args) -> str:
             os.setresuid(65534, 65534, 65534)
             check(*args)
             message = ""
-        except BaseException as error:  # noqa: BLE001 - everything goes back to the parent
+        except BaseException as error:  # everything goes back to the parent
             message = str(error) or repr(error)
         os.write(write, message.encode())
         os._exit(0)

@@ -8,9 +8,11 @@ aside, nmt.train.TIMING_FIELDS). Tiny model, 300 pairs: 10 updates an epoch, 3 e
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,7 +166,7 @@ def report_numbers(root) -> list[dict]:
                 for row in csv.DictReader(f)]
 
 
-def two_epoch_copy(dest) -> object:
+def two_epoch_copy(dest: Path) -> Path:
     """A tiny copy whose pipeline trains published baseline and scratch, seed 0, 2 epochs."""
     from conftest import edit_params
     from tiny import scratch_copy
@@ -190,15 +192,13 @@ def uninterrupted(mirror, tmp_path_factory):
 
     root = two_epoch_copy(tmp_path_factory.mktemp("whole"))
     whole = orchestrate(["dvc", "repro"], root, cores=halves()[0])
-    numbers = []
 
-    def wait() -> list[dict]:
-        if not numbers:
-            finish(whole)  # the uninterrupted copy: it must have succeeded
-            numbers.append(report_numbers(root))
-        return numbers[0]
-    yield wait
-    wait()
+    @functools.cache
+    def numbers() -> list[dict]:
+        finish(whole)  # the uninterrupted copy: it must have succeeded
+        return report_numbers(root)
+    yield numbers
+    numbers()
 
 
 @pytest.mark.slow
