@@ -193,11 +193,12 @@ def downstream(direct: set[str], params: dict) -> set[str]:
             paths = snakemake_inputs(s, lists, bench)
         return {p.format(**v) for p in paths}
 
+    deps = {job: files(job, "deps") for job in all_jobs}
     found, todo = set(direct), list(direct)
     while todo:
         made = files(todo.pop(), "outs")
         for job in all_jobs:
-            if job not in found and files(job, "deps") & made:
+            if job not in found and deps[job] & made:
                 found.add(job)
                 todo.append(job)
     return found
@@ -380,8 +381,8 @@ def test_a_changed_key_reruns_exactly_the_stages_that_declare_it(dvc_run, snakem
         got_dvc, got_smk = dvc_changed(dvc_run), snakemake_jobs(snakemake, dry_run)
         if got_dvc != want:
             problems.append(f"{key}: dvc status {sorted(got_dvc ^ want)} differ")
-        if got_smk != downstream(want, new):
-            problems.append(f"{key}: snakemake -n {sorted(got_smk ^ downstream(want, new))}")
+        if got_smk != (want_smk := downstream(want, new)):
+            problems.append(f"{key}: snakemake -n {sorted(got_smk ^ want_smk)}")
     # Each key's edit is made to the original and its recipes resolved afresh (above), so the
     # copies go back to the original once, at the end.
     for root, text in original.items():

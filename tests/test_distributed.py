@@ -7,7 +7,9 @@ The update step (nmt.train.update) is driven directly with real batches in float
 from __future__ import annotations
 
 import csv
+import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -17,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from conftest import REPO
 from nmt import checkpoint, cli
 from nmt.data import Batches, load_pairs
 from nmt.distributed import World, shard, wrap
@@ -197,6 +200,21 @@ def test_devices_two_trains_like_accumulate_two_and_resumes(data, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming from epoch 1, step 3 of 10" in proc.stderr
     assert_same_outputs(out, RUN.dir(again["results"]))
+
+
+def test_the_launcher_waits_without_torch_and_shares_its_threads(data, tmp_path):
+    """`nmt train` with train.devices: 2 only starts torchrun and waits for it: it imports no
+    torch (about 2 s of CPU a launch) and hands torchrun its own thread count to share out
+    (--threads 2: one each)."""
+    params = params_file(tmp_path, devices=2)
+    argv = train_argv(params, {**data, "results": tmp_path / "r"}, "--threads", "2")
+    probe = ("import sys, nmt.launch as launch; from nmt.cli import main\n"
+             "launch.launch = lambda n, argv, threads: print(n, threads, 'torch' in sys.modules)"
+             f"\nsys.exit(main({argv!r}))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2", str(min(2, len(os.sched_getaffinity(0)))), "False"]
 
 
 def test_a_dead_rank_ends_the_job(data, tmp_path):

@@ -1,6 +1,7 @@
 """The equivalence checklist passes on the real scratch model and catches deliberate bugs."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -79,6 +80,21 @@ def test_needs_padded_batches_and_enough_steps(batches):
         verify.run_checks(CFG, SRC_V, TGT_V, PAD, unpadded, trajectory_cfg=TRAJECTORY)
     with pytest.raises(ValueError, match="at least 30"):
         verify.run_checks(CFG, SRC_V, TGT_V, PAD, batches[:5], trajectory_cfg=TRAJECTORY)
+
+
+def test_the_trajectory_trains_the_recipes_model_at_most_at_its_cap():
+    """A full-size recipe's trajectory runs at TRAJECTORY_SIZE; a smaller recipe's at its own
+    size, never larger than the model the recipe trains; always a valid model, no dropout."""
+    published = ModelConfig(6, 6, 512, 8, 2048, 0.1)
+    assert equivalence.trajectory_model(published) == replace(
+        published, **equivalence.TRAJECTORY_SIZE, dropout=0.0)
+    tiny = ModelConfig(1, 1, 32, 2, 64, 0.1, norm_first=True)
+    assert equivalence.trajectory_model(tiny) == replace(tiny, dropout=0)
+    narrow = ModelConfig(3, 1, 48, 6, 512, 0.1)  # 48 = 6 heads of 8: its own heads, capped rest
+    assert equivalence.trajectory_model(narrow) == ModelConfig(2, 1, 48, 6, 128, 0.0)
+    for cfg in (published, tiny, narrow, ModelConfig(2, 2, 96, 12, 96, 0.1)):
+        small = equivalence.trajectory_model(cfg)
+        assert small.d_model % small.nhead == 0 and small.d_model <= min(cfg.d_model, 64)
 
 
 # --- deliberately broken scratch models -------------------------------------------------

@@ -75,13 +75,16 @@ def cmd_verify(args, params):
 
 
 def cmd_train(args, params):
-    from nmt.distributed import launch, under_torchrun
+    from nmt.launch import launch, under_torchrun
+
+    run, recipe = Run(args.recipe, args.model, args.seed), resolve(params, args.recipe)
+    if recipe["train"]["devices"] > 1 and not under_torchrun():  # a launcher: no torch here
+        return launch(recipe["train"]["devices"], train_argv(args), thread_count(args.threads)
+                      or torch_threads())
+    set_threads(args.threads)
     from nmt.resume import Stopped
     from nmt.train import Paths, train
 
-    run, recipe = Run(args.recipe, args.model, args.seed), resolve(params, args.recipe)
-    if recipe["train"]["devices"] > 1 and not under_torchrun():
-        return launch(recipe["train"]["devices"], train_argv(args))
     paths = Paths(tokenized=args.tokenized, vocab=recipe_vocab(args),
                   run=run.files(args.results))
     try:
@@ -94,7 +97,7 @@ def cmd_train(args, params):
 
 def train_argv(args) -> list[str]:
     """This `nmt train` command line, for the processes torchrun starts (their threads come
-    from OMP_NUM_THREADS: nmt.distributed.launch shares this process's out)."""
+    from OMP_NUM_THREADS: nmt.launch shares this process's out)."""
     return (["--params", str(args.params)] + (["-q"] if args.quiet else []) +
             ["train", "--recipe", args.recipe, "--model", args.model, "--seed", str(args.seed),
              "--tokenized", str(args.tokenized), "--vocab", str(recipe_vocab(args)),
@@ -372,16 +375,30 @@ def add_other_commands(stage, opt: dict) -> None:
 
 def set_threads(threads: int | None) -> None:
     """torch's thread count, set explicitly (so MKL, which Snakemake's MKL_NUM_THREADS would
-    otherwise steer, follows it too): --threads N, at most the cores it may use, else
-    OMP_NUM_THREADS when set (the processes torchrun starts get theirs that way). The
-    declaration's `threads:` reaches every torch stage as --threads, under DVC and Snakemake
-    alike, so both give the same numbers."""
+    otherwise steer, follows it too) where thread_count gives one; else torch's default."""
+    count = thread_count(threads)
+    if count is not None:
+        import torch
+
+        torch.set_num_threads(count)
+
+
+def thread_count(threads: int | None) -> int | None:
+    """--threads N, at most the cores the process may use, else OMP_NUM_THREADS when set (the
+    processes torchrun starts get theirs that way); None: neither is given. The declaration's
+    `threads:` reaches every torch stage as --threads, under DVC and Snakemake alike, so both
+    give the same numbers."""
     if threads is None and not os.environ.get("OMP_NUM_THREADS"):
-        return
+        return None
+    wanted = threads if threads is not None else int(os.environ["OMP_NUM_THREADS"])
+    return max(1, min(wanted, usable_cores()))
+
+
+def torch_threads() -> int:
+    """torch's own thread count: what a process that set none trains with."""
     import torch
 
-    wanted = threads if threads is not None else int(os.environ["OMP_NUM_THREADS"])
-    torch.set_num_threads(max(1, min(wanted, usable_cores())))
+    return torch.get_num_threads()
 
 
 def usable_cores() -> int:
@@ -432,8 +449,8 @@ def main(argv: list[str] | None = None) -> int:
             from nmt.tracking import start_tracking
 
             params = start_tracking(params, reads)
-        if hasattr(args, "threads"):  # the torch stages
-            set_threads(args.threads)
+        if hasattr(args, "threads") and args.func is not cmd_train:  # the torch stages; train
+            set_threads(args.threads)  # sets its own after it knows whether it only launches
         if getattr(args, "gpu_mem_mb", 0):  # train, evaluate, bench
             bound_gpu_memory(args.gpu_mem_mb)
         return args.func(args, params) or 0

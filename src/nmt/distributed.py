@@ -1,6 +1,6 @@
 """Several processes for one run: torchrun + DistributedDataParallel (train.devices: N).
 
-`nmt train` with devices > 1 re-launches itself under torchrun (`launch`). Under torchrun each
+`nmt train` with devices > 1 re-launches itself under torchrun (nmt.launch). Under torchrun each
 process joins the group (`join`: NCCL on CUDA, Gloo on CPU), trains every N-th micro-batch of
 the same seeded epoch order (`shard`) and all-reduces what the loss normalisation and the
 validation need (`World.sum`). Only rank 0 writes files. One process outside torchrun is a
@@ -10,15 +10,11 @@ World of size 1 whose collectives do nothing.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import logging
 import math
 import os
 import re
-import signal
-import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -26,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.errors import NmtError
+from nmt.launch import under_torchrun
 from nmt.runtime import pick_device
 
 log = logging.getLogger("nmt.train")
@@ -74,10 +71,6 @@ class World:
     def barrier(self) -> None:
         if self.group:
             dist.barrier()
-
-
-def under_torchrun() -> bool:
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def join(device_name: str, devices: int) -> tuple[World, torch.device]:
@@ -142,45 +135,3 @@ def shard(order: list[list[int]], world: World) -> list[tuple[list[int], bool]]:
     `rank` on, padded with weightless copies (real=False) so all ranks take as many steps."""
     mine = [(idx, True) for idx in order[world.rank :: world.size]]
     return mine + [(order[0], False)] * (math.ceil(len(order) / world.size) - len(mine))
-
-
-def _die_with_parent() -> None:  # in the child, before exec: SIGTERM when `nmt train` dies
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def launch(nproc: int, argv: list[str]) -> int:
-    """Run `nmt <argv>` as nproc processes under torchrun; returns its exit status.
-
-    Ctrl-C reaches torchrun and its processes from the terminal; SIGTERM sent to this process
-    is passed on to torchrun, which passes it to the training processes.
-    """
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "nmt", *argv]
-    log.info("train.devices is %d: %s", nproc, " ".join(cmd))
-    # This process's thread count (nmt.cli.set_threads), shared out: torchrun would set 1 when
-    # OMP_NUM_THREADS is unset (DVC) and keep it when set (Snakemake), and the thread count
-    # changes the low digits of CPU results.
-    threads = str(max(1, torch.get_num_threads() // nproc))
-    proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent,
-                            env={**os.environ, "OMP_NUM_THREADS": threads})
-    got = []
-
-    def forward(signum, frame):
-        got.append(signum)
-        if signum == signal.SIGTERM:
-            proc.send_signal(signum)
-
-    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = proc.wait()
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-    if got:
-        return 128 + got[0]
-    if code:
-        print(f"nmt train: training under torchrun failed (exit {code}; torchrun names the "
-              "first failure above); a resume state, if one was written, is kept and the same "
-              "nmt train command again resumes from it", file=sys.stderr)
-    return code

@@ -35,7 +35,7 @@ TRAJECTORY_TOLERANCE = 1e-8
 TRAJECTORY_STEPS = 30
 TRAJECTORY_ADAM = {"lr": 1e-4, "betas": (0.9, 0.98), "eps": 1e-9}  # the published optimizer
 TRAJECTORY_SIZE = {"num_encoder_layers": 2, "num_decoder_layers": 2, "d_model": 64, "nhead": 4,
-                   "dim_feedforward": 128}
+                   "dim_feedforward": 128}  # the largest: float64 training is slow on a CPU
 
 
 @contextlib.contextmanager
@@ -147,6 +147,19 @@ def forward_diffs(baseline, scratch, batches) -> dict:
     return diffs
 
 
+def trajectory_model(cfg: ModelConfig) -> ModelConfig:
+    """The recipe's model, no larger than TRAJECTORY_SIZE in any dimension, without dropout:
+    a full-size recipe trains its trajectory at TRAJECTORY_SIZE, a smaller one at its own size
+    (d_model and nhead change together, so that nhead still divides d_model)."""
+    cap = TRAJECTORY_SIZE
+    width = ({"d_model": cfg.d_model, "nhead": cfg.nhead} if cfg.d_model <= cap["d_model"]
+             else {"d_model": cap["d_model"], "nhead": cap["nhead"]})
+    return dataclasses.replace(
+        cfg, **width, dropout=0.0, **{k: min(getattr(cfg, k), cap[k]) for k in
+                                      ("num_encoder_layers", "num_decoder_layers",
+                                       "dim_feedforward")})
+
+
 def trajectory(cfg, src_vocab_size, tgt_vocab_size, pad_id, train_batches, steps):
     """Loss curves of both models over the same Adam steps from the same weights, float64:
     (largest difference between the curves, {"baseline": losses, "scratch": losses})."""
@@ -215,8 +228,7 @@ def run_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_i
     if len(train_batches) < TRAJECTORY_STEPS:
         raise ValueError(f"run_checks needs at least {TRAJECTORY_STEPS} training batches for "
                          f"the trajectory check, got {len(train_batches)}")
-    tcfg = dataclasses.replace(trajectory_cfg or dataclasses.replace(cfg, **TRAJECTORY_SIZE),
-                               dropout=0.0)
+    tcfg = dataclasses.replace(trajectory_cfg or trajectory_model(cfg), dropout=0.0)
     vocab = (src_vocab_size, tgt_vocab_size)
     train_batches = [(s.cpu(), t.cpu()) for s, t in train_batches]
     unpadded, padded = check_batches(train_batches, pad_id)
