@@ -77,6 +77,8 @@ def bad_files(corpus, tmp_path, split="train", lang="en", lines=None, raw_bytes=
                 "pair up (fix: give both sides one sentence a line"),
     ("empty", "data.files.val: val is empty (fix: point it at a corpus with sentences)"),
     ("corrupt", "params.yaml: data.files.train.en: {corrupt} is unreadable"),
+    ("latin1", "params.yaml: data.files.train.en: {latin1}: line 3 is not UTF-8 (byte 7 of the "
+               "line) (fix: give a UTF-8 text file, plain or gzipped)"),
 ])
 def test_bad_files_are_one_line_and_leave_nothing(corpus, tmp_path, case, want):
     lines = corpus["sentences"]["train"]["en"]
@@ -88,6 +90,9 @@ def test_bad_files_are_one_line_and_leave_nothing(corpus, tmp_path, case, want):
     elif case == "empty":  # both sides of val empty
         files = bad_files(corpus, tmp_path, "val", "de", lines=[])
         files["val"]["en"] = files["val"]["de"]
+    elif case == "latin1":  # "Fußgänger" written in Latin-1 on line 3
+        files = bad_files(corpus, tmp_path, raw_bytes=b"".join(
+            x.encode() + b"\n" for x in lines[:2]) + "Ein Fußgänger.\n".encode("latin-1"))
     else:
         files = bad_files(corpus, tmp_path, raw_bytes=b"\x1f\x8bnot gzip")
         (tmp_path / "bad.train.en").rename(tmp_path / "bad.train.en.gz")
@@ -96,8 +101,8 @@ def test_bad_files_are_one_line_and_leave_nothing(corpus, tmp_path, case, want):
         download(settings("files", files), DownloadPaths(tmp_path / "raw"))
     message = str(e.value)
     assert "\n" not in message
-    assert want.format(missing=tmp_path / "nope.en", corrupt=tmp_path / "bad.train.en.gz") in \
-        message, message
+    assert want.format(missing=tmp_path / "nope.en", corrupt=tmp_path / "bad.train.en.gz",
+                       latin1=tmp_path / "bad.train.en") in message, message
     assert not (tmp_path / "raw").exists() and not list(tmp_path.glob(".raw.*"))
 
 

@@ -4,6 +4,7 @@ import gzip
 import json
 import random
 import shutil
+import urllib.request
 
 import pytest
 import sacrebleu
@@ -66,10 +67,28 @@ def test_a_test_set_is_a_params_entry_plus_its_pinned_sum(prepared, tmp_path, mo
 
 
 def test_missing_source_names_the_fix(tmp_path, monkeypatch):
+    (tmp_path / "empty").mkdir()
     monkeypatch.setenv("MULTI30K_MIRROR", str(tmp_path / "empty"))
     with pytest.raises(NmtError, match="could not fetch train.de.gz .*fix: set MULTI30K_MIRROR"):
         download({"data": DATA | {"base_url": UNREACHABLE}}, DownloadPaths(tmp_path / "raw"),
                  retries=2, backoff=0)
+    assert not (tmp_path / "raw").exists()
+
+
+def test_a_mirror_folder_that_is_not_there_is_named_before_any_network(tmp_path, monkeypatch):
+    """The public repository is not tried (it cost ~12 s of retries): the user meant the
+    mirror."""
+    def no_network(*args, **kwargs):
+        raise AssertionError("the network was tried")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    monkeypatch.setenv("MULTI30K_MIRROR", str(tmp_path / "nowhere"))
+    with pytest.raises(NmtError) as err:
+        download({"data": DATA}, DownloadPaths(tmp_path / "raw"))
+    assert str(err.value) == (
+        f"MULTI30K_MIRROR is {tmp_path / 'nowhere'}, which is not a folder (fix: point it at the "
+        "folder holding the Multi30k raw files, or unset it to download them from the public "
+        "repository)")
     assert not (tmp_path / "raw").exists()
 
 
@@ -109,6 +128,13 @@ def test_truncated_or_corrupt_raw_file(prepared, tmp_path):
     with pytest.raises(NmtError, match="val.de.gz is unreadable"):
         tokenize({"data": DATA, "tokenize": TOKENIZE},
                  TokenizePaths(raw, tmp_path / "tok"))
+    lines = gzip.decompress((prepared["raw"] / "val.de.gz").read_bytes()).split(b"\n")
+    lines[4] = "Ein Fußgänger.".encode("latin-1")  # line 5: not UTF-8 from its 7th byte
+    (raw / "val.de.gz").write_bytes(gzip.compress(b"\n".join(lines)))
+    with pytest.raises(NmtError) as err:
+        tokenize({"data": DATA, "tokenize": TOKENIZE}, TokenizePaths(raw, tmp_path / "tok"))
+    assert str(err.value) == (f"{raw / 'val.de.gz'}: line 5 is not UTF-8 (byte 7 of the line) "
+                              "(fix: re-run `nmt download`)")
     assert not (tmp_path / "tok").exists()
 
 

@@ -195,6 +195,25 @@ def test_what_cannot_be_exported_or_translated_is_one_line(runs, prepared, tmp_p
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("damage", ["model.bin cut", "nmt.json broken", "config.json broken"])
+def test_a_damaged_export_is_one_line(runs, prepared, tmp_path, capsys, damage):
+    """A truncated model.bin (head -c 1000), or nmt.json / config.json that is no JSON: one
+    line naming the export and the command that writes it again, no traceback."""
+    name = "published-scratch-s0"
+    export_case(name, runs, prepared, tmp_path / "exports")
+    file = tmp_path / "exports" / name / damage.split()[0]
+    data = file.read_bytes()
+    file.write_bytes(data[:1000] if damage.endswith("cut") else data[: len(data) // 2])
+    argv = ["--params", str(REPO / "params.yaml"), "translate", "--engine", "ctranslate2",
+            "--exports", str(tmp_path / "exports"), "--run", name, "Hallo"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"nmt translate: error: {tmp_path / 'exports' / name} holds a damaged "
+                          "export (") and err.endswith(
+        "(fix: `nmt export --recipe published --model scratch --seed 0` again)"), err
+
+
 def test_bench_decoding_times_and_scores_every_decoder(runs, prepared, tmp_path, capsys):
     name = "published-scratch-s0"
     export_case(name, runs, prepared, tmp_path / "exports")

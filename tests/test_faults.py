@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -23,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, edit_params
-from nmt import cli
+from nmt import cli, files
 from nmt.checkpoint import load, setting_differences
-from nmt.errors import EX_IOERR
+from nmt.errors import EX_IOERR, NmtError
 from nmt.params import load_params
 from nmt.recipes import resolve
 from nmt.runs import Run
@@ -274,3 +275,146 @@ def test_vocab_refuses_misaligned_sides(prepared, tmp_path, capsys, kind):
         f"nmt vocab: error: {tokenized}/train.de.{suffix} has 2000 lines but {english} has 1997: "
         "the train split is not aligned (fix: re-run nmt tokenize)")
     assert not out.exists()
+
+
+# ---- replacing a finished output: the old one stays until the new one is in place ---------
+
+# A write of the folder argv[1] ("new") that is SIGKILLed between two renames of replace_dir:
+# argv[2] "exchange" after Linux's one-step swap, "aside" where the system cannot swap (the
+# old folder already aside, the new one not yet in its place).
+KILLED_REPLACE = """
+import os, signal, sys
+from pathlib import Path
+from nmt import files
+
+out, mode, real_replace = Path(sys.argv[1]), sys.argv[2], os.replace
+if mode == "exchange":
+    real_exchange = files.exchange
+    def exchange(a, b):
+        assert real_exchange(a, b)
+        os.kill(os.getpid(), signal.SIGKILL)
+    files.exchange = exchange
+else:
+    files.exchange = lambda a, b: False
+    def replace(src, dst):
+        if Path(dst) == out:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_replace(src, dst)
+    os.replace = replace
+with files.atomic_dir(out) as tmp:
+    (tmp / "new.txt").write_text("new")
+"""
+
+
+@pytest.mark.parametrize("mode, left", [("exchange", "new"), ("aside", "old")])
+def test_a_kill_while_a_folder_is_replaced_leaves_the_old_or_the_new_one(tmp_path, mode, left):
+    """A kill at either instant of the replacement leaves one whole folder at `out` (after the
+    next write starts, for the one set aside), and the next write leaves nothing else."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    proc = subprocess.run([sys.executable, "-c", KILLED_REPLACE, str(out), mode],
+                          env=nmt_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert len(list(tmp_path.iterdir())) == 2  # out, or the folder aside; and a temporary
+    with pytest.raises(RuntimeError), files.atomic_dir(out):  # a write that fails
+        assert (out / f"{left}.txt").read_text() == left
+        raise RuntimeError
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert [p.name for p in out.iterdir()] == [f"{left}.txt"]
+    with files.atomic_dir(out) as tmp:
+        (tmp / "newer.txt").write_text("newer")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert [p.name for p in out.iterdir()] == ["newer.txt"]
+
+
+def stopped(proc: subprocess.Popen, timeout: float = 60) -> bool:
+    """Wait until proc has stopped itself (SIGSTOP, state T in /proc) or ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_second_training_of_a_run_in_training_is_refused(trained, tmp_path, capsys):
+    """While one nmt train trains a run (here stopped after update 2, holding it), a second of
+    the same run refuses with one line; once the first is killed, its lock goes with it."""
+    data = {**trained["data"], "results": tmp_path / "results"}
+    argv = train_argv(trained["params"], data)
+    first = subprocess.Popen([sys.executable, "-m", "nmt", *argv], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL,
+                             env=nmt_env(NMT_TEST_KILL_AT="step:2:STOP"))
+    try:
+        assert stopped(first), "the first training never reached update 2"
+        assert cli.main(argv) == 2
+        assert last_line(capsys.readouterr().err) == (
+            f"nmt train: error: another nmt train is training {RUN.dir(data['results'])} now "
+            "(fix: wait until it ends, or stop it first)")
+    finally:
+        first.kill()
+        first.wait()
+    assert cli.main(argv) == 0
+    assert (RUN.dir(data["results"]) / "best.pt").is_file()
+
+
+def test_a_new_training_of_a_finished_run_keeps_it_until_it_has_its_own(trained, tmp_path):
+    """Training a finished run again sets its outputs aside (*.previous, one line) instead of
+    deleting them: killed at update 3, the new training leaves the finished model whole; run
+    to its end, it deletes them."""
+    data = {**trained["data"], "results": tmp_path / "results"}
+    run_dir = RUN.dir(data["results"])
+    shutil.copytree(trained["reference"], run_dir)
+    finished = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    argv = train_argv(trained["params"], data)
+    proc = subprocess.run([sys.executable, "-m", "nmt", *argv], capture_output=True, text=True,
+                          env=nmt_env(NMT_TEST_KILL_AT="step:3"), timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert (f"set aside the finished run's best.pt, last.pt, history.csv, train.json in "
+            f"{run_dir} as *.previous until this run has written its own (then they are "
+            f"deleted; `rm {run_dir}/*.previous` deletes them sooner)") in proc.stderr
+    kept = {p.name.removesuffix(".previous"): p.read_bytes() for p in run_dir.iterdir()
+            if p.name.endswith(".previous")}
+    assert kept == finished
+    assert not (run_dir / "best.pt").exists()
+    assert cli.main(argv) == 0
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(finished)
+
+
+def test_out_of_memory_is_one_line_naming_what_to_make_smaller(trained, tmp_path):
+    """A training whose model cannot be allocated under a memory cap (RLIMIT_AS, as
+    `ulimit -v` sets it: 1.5 GB, about twice what torch takes to load; the feed-forward layers
+    alone want 2 GB): torch's allocator fails, and the line says so and what to shrink."""
+    params = params_file(tmp_path, {"dim_feedforward": 4_000_000})
+    cap = 1536 * 2**20
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    data = {**trained["data"], "results": tmp_path / "results"}
+    proc = subprocess.run([sys.executable, "-m", "nmt", *train_argv(params, data)],
+                          capture_output=True, text=True, env=nmt_env(), preexec_fn=capped,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = last_line(proc.stderr)
+    assert re.fullmatch(
+        r"nmt train: error: out of memory: an allocation of \d+ bytes failed \(fix: a smaller "
+        r"train\.max_tokens \(token batches\) or train\.batch_size, with a larger "
+        r"train\.accumulate for the same updates, or a smaller model; a training resumes from "
+        r"its last resume state; then run the same command again\)", line), line
+
+
+def test_a_file_where_an_output_folder_must_be_is_one_line(tmp_path):
+    """Any stage's write under `results` when `results` is a plain file (nmt verify's JSON, a
+    translations folder): the file is named with the fix, and it is left as it was."""
+    (tmp_path / "results").write_text("x")
+    want = (f"{tmp_path / 'results'} is a file where the pipeline needs a folder (fix: move the "
+            f"file away, e.g. mv {tmp_path / 'results'} {tmp_path / 'results'}.moved)")
+    with pytest.raises(NmtError) as err:
+        files.write_json(tmp_path / "results" / "verify" / "published.json", {})
+    assert str(err.value) == want
+    with pytest.raises(NmtError) as err, files.atomic_dir(tmp_path / "results" / "run" / "out"):
+        pass
+    assert str(err.value) == want
+    assert (tmp_path / "results").read_text() == "x"

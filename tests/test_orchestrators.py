@@ -300,3 +300,19 @@ def test_a_cut_tokenized_file_is_noticed_and_each_tool_recovers(trained):
     run(["dvc", "checkout", "data/tokenized"], trained)  # DVC's: restore from its cache
     assert tok.read_text() == "".join(lines)
     assert "snakemake: error" not in run(["snakemake", "-n"], trained)  # intact again
+
+
+def test_results_that_is_a_file_is_one_line_under_each_tool(tmp_path, mirror):
+    """`results` a plain file: the preflight of both tools names it and the fix (not chmod),
+    and a stage run by hand that writes under it says the same."""
+    root = scratch_copy(tmp_path)
+    (root / "results").write_text("not a folder\n")
+    want = "results is a file where the pipeline needs a folder (fix: move the file away, e.g. " \
+           "mv results results.moved)"
+    assert error_lines(run(["snakemake", "-n"], root, check=False)) == [
+        f"snakemake: error: {want}"]
+    assert error_lines(run(["nmt", "config", "--recipe", "published"], root, check=False)) == [
+        f"nmt config: error: {want}"]
+    dvc = run(["dvc", "repro", "config@published"], root, check=False)
+    assert f"nmt config: error: {want}" in dvc and "Traceback" not in dvc, dvc
+    assert (root / "results").read_text() == "not a folder\n"

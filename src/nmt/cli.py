@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from nmt.corpus import corpus_settings
-from nmt.errors import EX_IOERR, FULL, DiskFull, NmtError
+from nmt.errors import EX_IOERR, FULL, DiskFull, NmtError, out_of_memory
 from nmt.params import load_params
 from nmt.recipes import resolve
 from nmt.runs import MODEL_NAMES, Run
@@ -423,6 +423,18 @@ def bound_gpu_memory(megabytes: int) -> None:
     os.environ[GPU_MEMORY_ENV] = str(megabytes)
 
 
+# What to make smaller when a stage runs out of memory (nmt.errors.out_of_memory).
+MEMORY_FIX = {
+    "train": "a smaller train.max_tokens (token batches) or train.batch_size, with a larger "
+             "train.accumulate for the same updates, or a smaller model; a training resumes "
+             "from its last resume state",
+    "evaluate": "a smaller evaluate.batch_size",
+    "export": "a smaller evaluate.batch_size",
+    "bench": "a smaller bench.sentences, or the recipe's smaller batches",
+    "verify": "a smaller model",
+    "translate": "a smaller evaluate.batch_size, or fewer sentences at once"}
+
+
 class Terminated(BaseException):
     """SIGTERM outside the training loop (which answers it with its own line and state); a
     BaseException, as KeyboardInterrupt, so no `except Exception` on the way swallows it."""
@@ -463,6 +475,14 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(e.filename).parent if e.filename else Path.cwd()
         print(f"nmt {args.stage}: error: {DiskFull.at(folder)}", file=sys.stderr)
         return EX_IOERR
+    except (MemoryError, RuntimeError) as e:
+        what = out_of_memory(e)
+        if what is None:
+            raise
+        fix = MEMORY_FIX.get(args.stage, "free memory, or run it where there is more")
+        print(f"nmt {args.stage}: error: out of {what} (fix: {fix}; then run the same command "
+              "again)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"nmt {args.stage}: interrupted; {interrupted_note(args)}", file=sys.stderr)
         return 130

@@ -21,7 +21,7 @@ import torch
 
 from nmt.checkpoint import check_vocab, load
 from nmt.data import load_pairs
-from nmt.engine import Engine, check_export, tokens_of
+from nmt.engine import check_export, open_engine, tokens_of
 from nmt.files import read_json, write_json
 from nmt.runs import Run, RunFiles
 from nmt.search import DecodeConfig, translate_batches
@@ -66,8 +66,8 @@ def bench_decoding(settings: dict, paths: Paths, budget: Budget) -> dict:
     sources, references = [pairs[i][0] for i in range(min(count, len(pairs)))], references[:count]
     decode = {("nmt", "float32"): lambda dc: translate_batches(model, sources, dc, progress=False)}
     for engine, compute_type in DECODERS[1:]:
-        eng = Engine(paths.export, tokens_of(src_codec), tokens_of(tgt_codec), compute_type,
-                     threads=budget.threads)
+        eng = open_engine(paths.export, run, tokens_of(src_codec), tokens_of(tgt_codec),
+                          compute_type, threads=budget.threads)
         decode[(engine, compute_type)] = lambda dc, eng=eng: eng.translate(sources, dc)
     rows = []
     for method in ("greedy", "beam"):

@@ -31,8 +31,14 @@ RECORD = "SHA256SUMS"  # files, huggingface: the sha256 of each file written, in
 
 
 def sources() -> list[str]:
-    """Where to look, in order: MULTI30K_MIRROR (folder or URL) first, then the public repo."""
+    """Where to look, in order: MULTI30K_MIRROR (folder or URL) first, then the public repo.
+    A mirror folder that is not there is an error at once, before any time is spent on the
+    network: the user meant that folder."""
     mirror = os.environ.get("MULTI30K_MIRROR", "").strip()
+    if mirror and "://" not in mirror and not Path(mirror).is_dir():
+        raise NmtError(f"MULTI30K_MIRROR is {mirror}, which is not a folder (fix: point it at "
+                       "the folder holding the Multi30k raw files, or unset it to download "
+                       "them from the public repository)")
     return [mirror] if mirror else []
 
 
@@ -155,10 +161,16 @@ def read_text(path: Path, key: str) -> Iterator[str]:
                        "relative paths start at the project folder)")
     try:
         opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8", newline="\n") as f:
-            for line in f:
+        with opener(path, "rb") as f:
+            for number, raw in enumerate(f, 1):  # bytes, so a bad byte is named by its line
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise NmtError(f"params.yaml: {key}: {path}: line {number} is not UTF-8 "
+                                   f"(byte {e.start + 1} of the line) (fix: give a UTF-8 text "
+                                   "file, plain or gzipped)") from None
                 yield line.rstrip("\r\n")
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+    except (OSError, EOFError) as e:
         raise NmtError(f"params.yaml: {key}: {path} is unreadable ({e}) (fix: give a UTF-8 "
                        "text file, plain or gzipped)") from None
 

@@ -123,11 +123,32 @@ def fill_decoder(spec, weights: dict, table: np.ndarray, d_model: int) -> None:
         set_feed_forward(layer.ffn, weights, ours, "norm3")
 
 
+def export_command(run) -> str:
+    return f"`nmt export --recipe {run.recipe} --model {run.model} --seed {run.seed}`"
+
+
 def check_export(folder: Path, run) -> None:
     """One line naming the command that writes the run's export, if folder holds none."""
     if not (folder / "nmt.json").is_file() or not (folder / "model.bin").is_file():
-        raise NmtError(f"{folder} holds no export (fix: `nmt export --recipe {run.recipe} "
-                       f"--model {run.model} --seed {run.seed}`)")
+        raise NmtError(f"{folder} holds no export (fix: {export_command(run)})")
+
+
+def damaged_export(folder: Path, run, error: Exception) -> NmtError:
+    """The one line for an export whose files cannot be read (a truncated model.bin, a broken
+    nmt.json or config.json): what failed, and the command that writes it again."""
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return NmtError(f"{folder} holds a damaged export ({reason.rstrip(': ')}) (fix: "
+                    f"{export_command(run)} again)")
+
+
+def open_engine(folder: Path, run, src_tokens: list[str], tgt_tokens: list[str],
+                compute_type: str = "float32", threads: int = 1) -> Engine:
+    """The run's export as an Engine; one line if the folder holds none or a damaged one."""
+    check_export(folder, run)
+    try:
+        return Engine(folder, src_tokens, tgt_tokens, compute_type, threads)
+    except (RuntimeError, ValueError) as e:  # what ctranslate2 raises for files it cannot read
+        raise damaged_export(folder, run, e) from None
 
 
 def engine_length_penalty(alpha: float, longest: int = 64) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import shutil
 from pathlib import Path
 
@@ -35,3 +36,17 @@ class DiskFull(NmtError):
         return cls(f"{folder}: no space left on its disk{what} ({free}); nothing was "
                    "half-written (fix: free space on that disk, or point the output at a larger "
                    "one, then run the same command again)")
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """What ran out, if `error` is an allocation failure: Python's MemoryError, torch's CPU
+    allocator ("can't allocate memory") or a GPU's out of memory; else None."""
+    if isinstance(error, MemoryError):
+        return "memory: an allocation of Python's failed"
+    text = str(error)
+    if not isinstance(error, RuntimeError) or not ("can't allocate memory" in text or
+                                                     "out of memory" in text.lower()):
+        return None
+    where = "GPU memory" if "CUDA" in text or "GPU" in text else "memory"
+    asked = re.search(r"tried to allocate ([\d.]+ ?[KMGT]?i?B|\d+ bytes)", text)
+    return f"{where}: an allocation of {asked.group(1)} failed" if asked else where

@@ -5,6 +5,7 @@ name only when complete. A killed write leaves that temporary behind; the next w
 output removes it, so a stage that runs again clears what its killed run left (a folder such as
 results/, an input of the report, then holds nothing but outputs). One process writes a given
 output at a time: DVC and Snakemake run one job per output, and only rank 0 of a training writes.
+A folder that replaces an older one never leaves a moment with neither (replace_dir).
 
 A write that fails because the disk is full raises one DiskFull line naming the folder, its free
 space and the fix, with the temporary removed: the stages, all of which write through here, need
@@ -13,6 +14,8 @@ no handling of their own.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -23,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nmt.errors import FULL, DiskFull
+from nmt.errors import FULL, DiskFull, NmtError
 
 
 def _umask() -> int:
@@ -44,6 +47,22 @@ def named_if_full(path: Path) -> Iterator[None]:
         if e.errno not in FULL:
             raise
         raise DiskFull.at(path.parent, path.name) from None
+
+
+def make_folder(folder: Path) -> None:
+    """`mkdir -p folder`; one line if a file stands where one of its folders must be."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        file = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()),
+                    folder)
+        raise NmtError(not_a_folder(file)) from None
+
+
+def not_a_folder(file: Path) -> str:
+    """The one line for a file where the pipeline writes into a folder (preflight's too)."""
+    return (f"{file} is a file where the pipeline needs a folder (fix: move the file away, "
+            f"e.g. mv {file} {file}.moved)")
 
 
 def temporaries(path: Path) -> list[Path]:
@@ -68,7 +87,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling of `path`; rename it onto `path` only if the block succeeds."""
     path = Path(path)
     with named_if_full(path):  # outside the cleanup below: free space is read after it
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent)
         remove_temporaries(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
@@ -83,20 +102,63 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 @contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary sibling folder; it replaces `path` as a whole only on success."""
+    """Yield a temporary sibling folder; it replaces `path` as a whole only on success, so
+    that a kill at any instant leaves the old folder or the new one (replace_dir)."""
     path = Path(path)
     with named_if_full(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent)
+        restore_aside(path)
         remove_temporaries(path)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
         try:
             yield tmp
             tmp.chmod(0o777 & ~_umask())
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
+            replace_dir(tmp, path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replace_dir(new: Path, path: Path) -> None:
+    """Put the folder `new` where `path` is. Where Linux can, the two swap in one step
+    (renameat2 RENAME_EXCHANGE), and `new` then holds the old folder for the caller to delete.
+    Elsewhere the old folder goes aside first (`.<name>.<8 characters>.old`), the new one
+    takes its place, and the old one is deleted; a kill between those two renames leaves the
+    old folder aside, and the next write of `path` puts it back first (restore_aside)."""
+    if not os.path.lexists(path):
+        os.replace(new, path)
+    elif not exchange(new, path):
+        aside = new.with_name(new.name.removesuffix(".tmp") + ".old")
+        os.replace(path, aside)
+        os.replace(new, path)
+        shutil.rmtree(aside, ignore_errors=True)  # what cannot go now, restore_aside removes
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 with RENAME_EXCHANGE); False where this
+    system or filesystem cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_cwd, rename_exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE (linux/fcntl.h, fs.h)
+    if renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def restore_aside(path: Path) -> None:
+    """A folder that replace_dir set aside, back in its place if a kill left `path` without
+    one; deleted if the new folder got there."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.old")
+    if not path.parent.is_dir():
+        return
+    for aside in (p for p in path.parent.iterdir() if pattern.fullmatch(p.name)):
+        if os.path.lexists(path):
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(aside, path)
 
 
 def write_text(path: str | Path, text: str) -> None:

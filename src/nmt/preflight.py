@@ -16,7 +16,7 @@ from pathlib import Path
 
 from nmt.corpus import PINS, corpus_recipe, corpus_settings, local_files, raw_names, read_sums
 from nmt.errors import NmtError
-from nmt.files import sha256
+from nmt.files import not_a_folder, sha256
 from nmt.recipes import resolve
 
 # Where stages write (logs: Snakemake's); each, or its nearest existing parent, must be writable.
@@ -45,6 +45,8 @@ def check_settings(params: dict, root: Path = Path(".")) -> None:
                                "(fix: correct the path; relative paths start at the project "
                                "folder)")
     for folder in OUTPUT_FOLDERS:
+        if (root / folder).exists() and not (root / folder).is_dir():
+            raise NmtError(not_a_folder(root / folder))
         for path in writable_needed(root / folder):
             if not os.access(path, os.W_OK | os.X_OK):
                 raise NmtError(f"{path}: not writable, and the pipeline writes there (fix: "

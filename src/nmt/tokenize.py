@@ -31,10 +31,15 @@ def raw_lines(raw_dir: Path, split: str, lang: str) -> Iterator[str]:
     if not path.is_file():
         raise NmtError(f"{path} is missing (fix: run `nmt download` first)")
     try:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for line in f:
+        with gzip.open(path, "rb") as f:
+            for number, raw in enumerate(f, 1):  # bytes, so a bad byte is named by its line
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise NmtError(f"{path}: line {number} is not UTF-8 (byte {e.start + 1} of "
+                                   "the line) (fix: re-run `nmt download`)") from None
                 yield line.strip()
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+    except (OSError, EOFError) as e:
         raise NmtError(f"{path} is unreadable ({e}) (fix: re-run `nmt download`)") from None
 
 

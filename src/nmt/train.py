@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
 import io
 import logging
 import math
@@ -36,7 +37,7 @@ from nmt import checkpoint, distributed, resume
 from nmt.data import Batches, load_pairs
 from nmt.distributed import World
 from nmt.errors import FULL, DiskFull, NmtError
-from nmt.files import write_json, write_text
+from nmt.files import make_folder, write_json, write_text
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run, RunFiles
 from nmt.runtime import (
@@ -233,10 +234,11 @@ def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
     unless `restart`; a signal raises resume.Stopped.
     """
     resume.test_hook("start", 1)
-    trainer = setup(settings, paths)
+    trainer, lock = setup(settings, paths), None
     try:
         if trainer.world.main:
             check_room(paths.run, trainer.n_params, trainer.config.average_last)
+            lock = sole_trainer(paths.run)
         progress = resume_or_start(trainer, restart)
         fit(trainer, progress)
         summary = finish(trainer, progress)
@@ -250,6 +252,8 @@ def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
     finally:
         trainer = None  # DDP holds the process group: let it go before the group is destroyed
         distributed.leave()
+        if lock is not None:
+            os.close(lock)
 
 
 def fit(trainer: Trainer, progress: Progress) -> None:
@@ -367,7 +371,7 @@ def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
 def check_room(files: RunFiles, n_params: int, average_last: int) -> None:
     """The run folder must take files, and its disk the resume state and checkpoints."""
     try:
-        files.folder.mkdir(parents=True, exist_ok=True)
+        make_folder(files.folder)  # a file in its place: make_folder's own line
         with tempfile.TemporaryFile(dir=files.folder) as f:
             f.write(b"x")
             f.flush()
@@ -388,6 +392,20 @@ def check_room(files: RunFiles, n_params: int, average_last: int) -> None:
                        "free disk space, or pass --results a folder on a larger disk)")
 
 
+def sole_trainer(files: RunFiles) -> int:
+    """A lock on the run folder, held while this process trains it (the descriptor, closed at
+    the end); one line if another process holds it. flock: the kernel releases it when its
+    process ends, killed or not, so no stale lock is ever left to remove."""
+    folder = os.open(files.folder, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(folder)
+        raise NmtError(f"another nmt train is training {files.folder} now (fix: wait until it "
+                       "ends, or stop it first)") from None
+    return folder
+
+
 def resume_or_start(trainer: Trainer, restart: bool) -> Progress:
     """The Progress a matching resume state holds (weights, optimizer, lr schedule and random
     generators restored with it), else a fresh one. Rank 0 clears an earlier run's outputs."""
@@ -396,8 +414,7 @@ def resume_or_start(trainer: Trainer, restart: bool) -> Progress:
     world.barrier()  # every rank has read the state before rank 0 moves it
     if world.main:
         resume.remove_temporaries((*files.trained, files.resume))
-        for path in files.trained:  # an earlier run's outputs do not describe this one
-            path.unlink(missing_ok=True)
+        set_aside_outputs(files)  # an earlier run's outputs do not describe this one
         if why:
             resume.set_aside(files.resume, why)
     if state is None:
@@ -413,6 +430,30 @@ def resume_or_start(trainer: Trainer, restart: bool) -> Progress:
     log.info("resuming from %s (batch %d of %d of the epoch), from %s", trainer.saved,
              progress.batch, len(trainer.plan(progress.epoch)), files.resume)
     return progress
+
+
+def set_aside_outputs(files: RunFiles) -> None:
+    """A finished run's outputs (train.json, written last, marks one) renamed <name>.previous
+    until this run has written its own (finish deletes them then), so that a kill or a failure
+    of the new run leaves the finished model. Outputs of an unfinished write are deleted."""
+    present = [path for path in files.trained if path.exists()]
+    if not files.summary.exists():
+        for path in present:
+            path.unlink()
+        return
+    for path in present:
+        os.replace(path, previous(path))
+    log.warning("set aside the finished run's %s in %s as *%s until this run has written its "
+                "own (then they are deleted; `rm %s/*%s` deletes them sooner)",
+                ", ".join(p.name for p in present), files.folder, PREVIOUS, files.folder,
+                PREVIOUS)
+
+
+PREVIOUS = ".previous"
+
+
+def previous(path: Path) -> Path:
+    return path.with_name(path.name + PREVIOUS)
 
 
 def usable_state(trainer: Trainer, restart: bool) -> tuple[dict | None, str]:
@@ -647,6 +688,8 @@ def finish(trainer: Trainer, progress: Progress) -> dict:
         return {}
     summary = write_outputs(trainer, progress, averaged)
     trainer.paths.run.resume.unlink(missing_ok=True)  # the stage is complete
+    for path in trainer.paths.run.trained:  # and replaces the finished run set aside
+        previous(path).unlink(missing_ok=True)
     return summary
 
 

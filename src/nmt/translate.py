@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from nmt.checkpoint import check_vocab, load
-from nmt.engine import Engine, check_export, tokens_of
+from nmt.engine import check_export, damaged_export, open_engine, tokens_of
 from nmt.errors import NmtError
 from nmt.files import read_json
 from nmt.recipes import resolve
@@ -179,9 +179,13 @@ def engine_translator(args) -> Translator:
     run = Run.parse(args.run)
     folder = Path(args.exports) / run.name
     check_export(folder, run)
-    meta = read_json(folder / "nmt.json")
-    src_codec, tgt_codec = load_codecs(folder / "vocab")
-    engine = Engine(folder, tokens_of(src_codec), tokens_of(tgt_codec), args.compute_type,
-                    threads=torch.get_num_threads())
-    return Translator(f"{folder} ({args.compute_type})", meta["recipe"], src_codec, tgt_codec,
-                      meta["max_len"], engine.translate)
+    try:
+        meta = read_json(folder / "nmt.json")
+        recipe, max_len = meta["recipe"], int(meta["max_len"])
+        src_codec, tgt_codec = load_codecs(folder / "vocab")
+    except (ValueError, KeyError, TypeError) as e:  # broken JSON, a missing key, a bad vocab
+        raise damaged_export(folder, run, e) from None
+    engine = open_engine(folder, run, tokens_of(src_codec), tokens_of(tgt_codec),
+                         args.compute_type, threads=torch.get_num_threads())
+    return Translator(f"{folder} ({args.compute_type})", recipe, src_codec, tgt_codec, max_len,
+                      engine.translate)
