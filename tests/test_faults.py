@@ -328,26 +328,16 @@ def test_a_kill_while_a_folder_is_replaced_leaves_the_old_or_the_new_one(tmp_pat
     assert [p.name for p in out.iterdir()] == ["newer.txt"]
 
 
-def stopped(proc: subprocess.Popen, timeout: float = 60) -> bool:
-    """Wait until proc has stopped itself (SIGSTOP, state T in /proc) or ended."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_second_training_of_a_run_in_training_is_refused(trained, tmp_path, capsys):
     """While one nmt train trains a run (here stopped after update 2, holding it), a second of
     the same run refuses with one line; once the first is killed, its lock goes with it."""
     data = {**trained["data"], "results": tmp_path / "results"}
     argv = train_argv(trained["params"], data)
     first = subprocess.Popen([sys.executable, "-m", "nmt", *argv], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True,
                              env=nmt_env(NMT_TEST_KILL_AT="step:2:STOP"))
     try:
-        assert stopped(first), "the first training never reached update 2"
+        wait_stopped(first)
         assert cli.main(argv) == 2
         assert last_line(capsys.readouterr().err) == (
             f"nmt train: error: another nmt train is training {RUN.dir(data['results'])} now "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from nmt.corpus import PINS, local_files, raw_names, read_sums, splits
 from nmt.errors import FULL, NmtError
-from nmt.files import atomic_dir, sha256
+from nmt.files import atomic_dir, sha256, utf8_lines
 
 log = logging.getLogger("nmt.download")
 
@@ -162,13 +162,8 @@ def read_text(path: Path, key: str) -> Iterator[str]:
     try:
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(path, "rb") as f:
-            for number, raw in enumerate(f, 1):  # bytes, so a bad byte is named by its line
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise NmtError(f"params.yaml: {key}: {path}: line {number} is not UTF-8 "
-                                   f"(byte {e.start + 1} of the line) (fix: give a UTF-8 text "
-                                   "file, plain or gzipped)") from None
+            for line in utf8_lines(f, f"params.yaml: {key}: {path}",
+                                   "give a UTF-8 text file, plain or gzipped"):
                 yield line.rstrip("\r\n")
     except (OSError, EOFError) as e:
         raise NmtError(f"params.yaml: {key}: {path} is unreadable ({e}) (fix: give a UTF-8 "

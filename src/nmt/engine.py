@@ -143,8 +143,8 @@ def damaged_export(folder: Path, run, error: Exception) -> NmtError:
 
 def open_engine(folder: Path, run, src_tokens: list[str], tgt_tokens: list[str],
                 compute_type: str = "float32", threads: int = 1) -> Engine:
-    """The run's export as an Engine; one line if the folder holds none or a damaged one."""
-    check_export(folder, run)
+    """The run's export (check_export has found one there) as an Engine; one line if the
+    engine cannot read it."""
     try:
         return Engine(folder, src_tokens, tgt_tokens, compute_type, threads)
     except (RuntimeError, ValueError) as e:  # what ctranslate2 raises for files it cannot read

@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,9 +65,10 @@ def not_a_folder(file: Path) -> str:
             f"e.g. mv {file} {file}.moved)")
 
 
-def temporaries(path: Path) -> list[Path]:
-    """The temporaries (files or folders) that killed writes of `path` left beside it."""
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.tmp")
+def temporaries(path: Path, suffix: str = ".tmp") -> list[Path]:
+    """The temporaries (files or folders) that killed writes of `path` left beside it:
+    `.<name>.<8 characters><suffix>` (.old: a folder replace_dir set aside)."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}{re.escape(suffix)}")
     if not path.parent.is_dir():
         return []
     return [p for p in path.parent.iterdir() if pattern.fullmatch(p.name)]
@@ -151,14 +152,22 @@ def exchange(a: Path, b: Path) -> bool:
 def restore_aside(path: Path) -> None:
     """A folder that replace_dir set aside, back in its place if a kill left `path` without
     one; deleted if the new folder got there."""
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.old")
-    if not path.parent.is_dir():
-        return
-    for aside in (p for p in path.parent.iterdir() if pattern.fullmatch(p.name)):
+    for aside in temporaries(path, ".old"):
         if os.path.lexists(path):
             shutil.rmtree(aside, ignore_errors=True)
         else:
             os.replace(aside, path)
+
+
+def utf8_lines(binary: Iterable[bytes], where: str, fix: str) -> Iterator[str]:
+    """The lines of a file opened in binary mode, decoded one by one, so that a byte that is
+    not UTF-8 is named by its line: `<where>: line N is not UTF-8 (byte B of the line)`."""
+    for number, raw in enumerate(binary, 1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise NmtError(f"{where}: line {number} is not UTF-8 (byte {e.start + 1} of the "
+                           f"line) (fix: {fix})") from None
 
 
 def write_text(path: str | Path, text: str) -> None:

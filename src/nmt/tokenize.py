@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from nmt.errors import NmtError
-from nmt.files import atomic_dir, write_json
+from nmt.files import atomic_dir, utf8_lines, write_json
 from nmt.text import iter_lines, token_lines
 
 log = logging.getLogger("nmt.tokenize")
@@ -32,12 +32,7 @@ def raw_lines(raw_dir: Path, split: str, lang: str) -> Iterator[str]:
         raise NmtError(f"{path} is missing (fix: run `nmt download` first)")
     try:
         with gzip.open(path, "rb") as f:
-            for number, raw in enumerate(f, 1):  # bytes, so a bad byte is named by its line
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise NmtError(f"{path}: line {number} is not UTF-8 (byte {e.start + 1} of "
-                                   "the line) (fix: re-run `nmt download`)") from None
+            for line in utf8_lines(f, str(path), "re-run `nmt download`"):
                 yield line.strip()
     except (OSError, EOFError) as e:
         raise NmtError(f"{path} is unreadable ({e}) (fix: re-run `nmt download`)") from None
