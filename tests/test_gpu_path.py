@@ -1,6 +1,6 @@
 """The GPU's training path, run on the CPU: bf16 autocast (train.precision), padded batch
 lengths (train.pad_multiple), torch.compile with dynamic shapes (train.compile, inductor), and
-the device report in train.json. No GPU has run this code; these tests are its first run.
+the device report in train.json. The GPU path ran once, on an H100; these tests run it on the CPU.
 
 Tolerances (stated once, here):
 - padding: the same batch padded to a multiple of 8 gives the same loss and gradients in
@@ -32,7 +32,7 @@ from nmt.evaluate import Paths as EvalPaths
 from nmt.evaluate import evaluate
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run
-from nmt.runtime import token_loss
+from nmt.runtime import resolve_compile, token_loss
 from nmt.train import compiled, train
 from nmt.vocab import PAD_ID, load_codecs
 from train_helpers import (
@@ -162,6 +162,35 @@ def test_bf16_training_is_finite_and_close_to_fp32(data, tmp_path, capsys):
     with capsys.disabled():
         print(f"\nbf16 vs fp32: largest loss difference {max(diffs):.4f}; s/epoch "
               f"{bf16['seconds_per_epoch']} vs {fp32['seconds_per_epoch']}")
+
+
+def test_compile_auto_compiles_on_cuda_only():
+    assert resolve_compile("auto", torch.device("cuda")) is True
+    assert resolve_compile("auto", torch.device("cpu")) is False
+    assert resolve_compile(True, torch.device("cpu")) is True
+    assert resolve_compile(False, torch.device("cuda")) is False
+
+
+def test_a_failed_compile_trains_eagerly_and_says_why(data, tmp_path, monkeypatch, caplog):
+    """A compiler that cannot run (here inductor's C++ compiler, named to a path that does not
+    exist; on a GPU it would be Triton's) costs the speed, not the run: one line says why, the
+    run goes on eagerly from its first update, exactly as an eager run (dropout 0: the failed
+    attempt drew no random numbers), and train.json records it."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(tmp_path / "no-such-g++")))
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # no earlier test's kernels
+    deterministic = {"model": {"dropout": 0.0}, "epochs": 1}
+    eager_summary, eager_rows = fit(data, tmp_path, "eager", compile=False, **deterministic)
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        summary, rows = fit(data, tmp_path, "failed", compile=True, **deterministic)
+    warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
+    assert len(warnings) == 1 and "no-such-g++" in warnings[0], warnings
+    assert summary["compile"] is False and "no-such-g++" in summary["compile_failed"]
+    assert "compile_seconds" not in summary and "compile_failed" not in eager_summary
+    learnt = ("epoch", "train_loss", "valid_loss", "lr")  # not the seconds
+    assert [{k: r[k] for k in learnt} for r in rows] == [{k: r[k] for k in learnt}
+                                                         for r in eager_rows]
 
 
 def test_evaluate_scores_in_the_precision_trained_in(data, tmp_path):

@@ -85,6 +85,29 @@ def test_the_memory_bound_comes_from_the_command_line_or_the_environment(monkeyp
         bound_gpu_memory(torch.device("cpu"))
 
 
+def test_the_memory_bound_names_the_gpu_by_its_index(monkeypatch):
+    """On the first GPU run, `cuda` (no index) reached torch.cuda.set_per_process_memory_fraction,
+    which wants one (torch 2.11: ValueError). No GPU here, so torch.cuda's three calls are
+    stood in for; the argument check is torch's own (_get_device_index, no CUDA needed)."""
+    from torch.cuda._utils import _get_device_index
+
+    calls = []
+    monkeypatch.setenv(GPU_MEMORY_ENV, "9000")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: type("Props", (), {"total_memory": 85_017 * 10**6}))
+    def set_fraction(fraction, device):
+        calls.append((fraction, _get_device_index(device)))
+
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    bound_gpu_memory(torch.device("cuda"))
+    bound_gpu_memory(torch.device("cuda:1"))
+    assert [index for _, index in calls] == [0, 1]
+    assert calls[0][0] == pytest.approx(9000 / 85_017)
+    with pytest.raises(ValueError, match="specified index"):  # what the GPU run hit
+        _get_device_index(torch.device("cuda"))
+
+
 def test_a_negative_memory_bound_stops_with_one_line(capsys):
     assert main(["train", "--model", "scratch", "--gpu-mem-mb", "-1"]) == 2
     err = capsys.readouterr().err.strip()

@@ -53,9 +53,11 @@ def bound_gpu_memory(device: torch.device) -> None:
     if device.type != "cuda":
         log.info("%s=%d: no CUDA memory to bound on %s", GPU_MEMORY_ENV, megabytes, device)
         return
-    total = torch.cuda.get_device_properties(device).total_memory
+    # torch.cuda wants an index here ('cuda' alone: ValueError on torch 2.11)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
     fraction = min(1.0, megabytes * 1e6 / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
     log.info("CUDA memory bounded at %d MB, %.1f%% of %s's %d MB", megabytes, 100 * fraction,
              device, total // 10**6)
 
@@ -75,6 +77,17 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         return precision
     cuda = torch.device(device).type == "cuda"
     return "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def resolve_compile(compile_setting: bool | str, device: torch.device) -> bool:
+    """train.compile on a device: `auto` compiles on CUDA and not on the CPU. On an H100 the
+    eager published-size step (65 M parameters, 32 sentences) took 47-58 ms, 0.3 % of the
+    GPU's bf16 peak: the time goes to launching about 3,000 small kernels one by one, which
+    inductor fuses. On the CPU the step is compute-bound and compiling made it 0.84-0.99x as
+    fast (issue 33's measurement). true and false as given."""
+    if compile_setting == "auto":
+        return torch.device(device).type == "cuda"
+    return bool(compile_setting)
 
 
 def autocast(device: torch.device, precision: str = "auto"):

@@ -46,6 +46,7 @@ from nmt.runtime import (
     corpus_loss,
     device_name,
     peak_memory,
+    resolve_compile,
     resolve_precision,
     seed_everything,
     token_loss,
@@ -82,7 +83,7 @@ class TrainConfig:
     patience: int  # 0: every epoch; else stop after N epochs without a better valid loss
     device: str  # auto (CUDA when present), cpu, cuda[:N]
     precision: str  # auto (bf16 on CUDA, fp32 on CPU), bf16 (autocast), fp32
-    compile: bool  # torch.compile the model (inductor; CPU too), for dynamic shapes
+    compile: bool | str  # auto (CUDA: yes, CPU: no), true, false: torch.compile (inductor)
     pad_multiple: int  # batch lengths padded up to a multiple of this (1: off)
     accumulate: int  # micro-batches an optimizer update (gradient accumulation)
     devices: int  # processes one run trains on (DDP under torchrun)
@@ -140,6 +141,7 @@ class Trainer:
     model: torch.nn.Module  # the weights
     ddp: torch.nn.Module  # the model, wrapped in DistributedDataParallel under torchrun
     step_model: torch.nn.Module  # what a training step calls: ddp, maybe compiled
+    compiled: bool  # train.compile resolved on the device; False after a failed compile
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler | None  # set once the Trainer knows its updates
     train_batches: Batches
@@ -153,6 +155,7 @@ class Trainer:
     saved: str = ""  # where the last resume state written or found stands
     last_save: float = field(default_factory=time.monotonic)
     validations: int = 0  # validation passes of this process (for the test hook)
+    compile_failed: str = ""  # why compiling failed, when this run fell back to eager
 
     @property
     def run(self) -> Run:
@@ -266,7 +269,7 @@ def fit(trainer: Trainer, progress: Progress) -> None:
             trainer.model.train()
             meter = EpochMeter(trainer, progress)  # running loss and tokens, clock, bar
             for micro in micro_batches(trainer, progress):  # the rest of this epoch
-                meter.add(*update(trainer, micro), batches=len(micro))
+                meter.add(*update_or_fall_back(trainer, micro), batches=len(micro))
                 progress.batch += len(micro)
                 progress.step += 1
                 resume.test_hook("step", progress.step)
@@ -310,7 +313,8 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         torch.manual_seed(run.seed + 1_000_003 * world.rank)
     ddp = distributed.wrap(model, world, device)
     # Batch shapes vary with sentence length: compile once for dynamic shapes, not per length.
-    step_model = compiled(ddp) if config.compile else ddp
+    compile_on = resolve_compile(config.compile, device)
+    step_model = compiled(ddp) if compile_on else ddp
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=config.betas,
                                  eps=config.eps, fused=device.type == "cuda")
     checkpoint_meta = {
@@ -322,7 +326,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     trainer = Trainer(
         config=config, paths=paths, world=world, device=device,
         precision=resolve_precision(config.precision, device), model=model, ddp=ddp,
-        step_model=step_model, optimizer=optimizer, scheduler=None,
+        step_model=step_model, compiled=compile_on, optimizer=optimizer, scheduler=None,
         train_batches=train_batches, valid_batches=valid_batches,
         valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
         tgt_codec=tgt_codec,
@@ -333,7 +337,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
                                        trainer.total_updates))
     on = f"{world.size} processes ({device.type})" if world.group else str(device)
     log.info("%s: %s parameters on %s, %s%s", run.name, f"{trainer.n_params:,}", on,
-             trainer.precision, ", compiled" if config.compile else "")
+             trainer.precision, ", compiled" if compile_on else "")
     return trainer
 
 
@@ -552,6 +556,34 @@ def duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def update_or_fall_back(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]]):
+    """update(), and where a compiled step fails (inductor, Triton, the C++ compiler), one line
+    says why and this update and the rest of the run go eagerly: compiling changes the speed,
+    not what is learnt, and train.json records the failure (compile_failed). A failure that is
+    the model's own fails eagerly too and is raised from there. Out of memory is raised as it
+    is; so is any failure under DDP, where the ranks would have to fall back together."""
+    if not trainer.compiled or trainer.world.size > 1:
+        return update(trainer, micro)
+    try:
+        return update(trainer, micro)
+    except (torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as error:  # noqa: BLE001 - the eager retry raises any model error again
+        trainer.compile_failed = root_cause(error)
+        log.warning("torch.compile failed (%s): training eagerly from here", trainer.compile_failed)
+        trainer.step_model, trainer.compiled = trainer.ddp, False
+        return update(trainer, micro)
+
+
+def root_cause(error: BaseException) -> str:
+    """`Type: first line` of the innermost exception (a compiler's own error, not dynamo's
+    wrapper around it)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def update(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]]):
@@ -778,8 +810,10 @@ def machine_report(trainer: Trainer) -> dict:
     own) and the graphs compiled (1 when dynamic shapes cover every batch, more on a
     recompile or a graph break). Epoch 1's seconds include the compile time."""
     report = {"device_name": device_name(trainer.device), "precision": trainer.precision,
-              "compile": trainer.config.compile}
-    if trainer.config.compile:
+              "compile": trainer.compiled}
+    if trainer.compile_failed:
+        report["compile_failed"] = trainer.compile_failed
+    if trainer.compiled:
         from torch._dynamo.utils import compilation_time_metrics, counters
 
         report["compile_seconds"] = round(
