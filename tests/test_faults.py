@@ -10,6 +10,7 @@ signals, a real checkpoint trained under another params file. Tiny model, 300 pa
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
@@ -408,3 +409,85 @@ def test_a_file_where_an_output_folder_must_be_is_one_line(tmp_path):
         pass
     assert str(err.value) == want
     assert (tmp_path / "results").read_text() == "x"
+
+
+# --- item 7: a SIGTERM once every output is written --------------------------------------------
+
+def test_sigterm_during_evaluates_last_writes_waits_and_exits_0(trained, tmp_path, monkeypatch,
+                                                                 capsys):
+    """A SIGTERM that lands while evaluate writes its last outputs waits for them; the command
+    then says they are complete and exits 0 (Snakemake would otherwise delete them). One that
+    lands before them still stops it with 143."""
+    import nmt.evaluate
+
+    results = tmp_path / "results"
+    shutil.copytree(trained["reference"], RUN.dir(results))
+    argv = evaluate_argv(trained["params"], trained["data"], results)
+    real_write = nmt.evaluate.write_json
+
+    def write_then_stop(path, value):  # the signal arrives just as evaluation.json is written
+        real_write(path, value)
+        if path.name == "evaluation.json":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(nmt.evaluate, "write_json", write_then_stop)
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert last_line(err) == ("nmt evaluate: SIGTERM came after the last outputs were written; "
+                              "they are complete")
+    files = RUN.files(results)
+    assert json.loads(files.metrics.read_text()) and json.loads(files.evaluation.read_text())
+
+    real_score = nmt.evaluate.score_testsets
+
+    def score_then_stop(*args):  # before the last writes: a stop as any other
+        scores = real_score(*args)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return scores
+
+    files.metrics.unlink()
+    monkeypatch.setattr(nmt.evaluate, "write_json", real_write)
+    monkeypatch.setattr(nmt.evaluate, "score_testsets", score_then_stop)
+    assert cli.main(argv) == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in last_line(capsys.readouterr().err)
+    assert not files.metrics.exists()
+
+
+def test_sigterm_after_a_stage_returned_changes_nothing(trained, tmp_path):
+    """Once `nmt <stage>` has returned 0, a SIGTERM while the process exits (torch's teardown
+    takes a while) is ignored: the exit status stays 0. Before, the default handler was back
+    and the process died of the signal (-15) with every output in place."""
+    out = tmp_path / "published.yaml"
+    script = ("import os, signal, sys\nfrom nmt import cli\n"
+              f"sys.argv = ['nmt', '--params', {str(trained['params'])!r}, 'config', "
+              f"'--recipe', 'published', '--out', {str(out)!r}]\n"
+              "status = cli.main()\nos.kill(os.getpid(), signal.SIGTERM)\nsys.exit(status)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=nmt_env(), timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert out.is_file()
+
+
+def test_an_undeletable_file_in_an_output_folder_costs_no_good_file(tmp_path):
+    """One immutable file (chattr +i) in data/tokenized: replacing the folder swaps the new one
+    in whole and leaves the old one aside, hidden, for a later write to remove, instead of
+    deleting the good files before it stopped on the one it could not (PermissionError)."""
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("chattr +i needs root and chattr")
+    folder = tmp_path / "tokenized"
+    folder.mkdir()
+    for name in ("train.de.tok", "stuck.tok"):
+        (folder / name).write_text("old")
+    if subprocess.run(["chattr", "+i", str(folder / "stuck.tok")]).returncode:
+        pytest.skip("this filesystem has no immutable files")
+    try:
+        with files.atomic_dir(folder) as new:
+            for name in ("train.de.tok", "stuck.tok"):
+                (new / name).write_text("new")
+        assert {p.name: p.read_text() for p in folder.iterdir()} == {
+            "train.de.tok": "new", "stuck.tok": "new"}
+        left = hidden(tmp_path)
+        assert len(left) == 1 and (tmp_path / left[0] / "stuck.tok").read_text() == "old"
+    finally:
+        for stuck in tmp_path.rglob("stuck.tok"):
+            subprocess.run(["chattr", "-i", str(stuck)])

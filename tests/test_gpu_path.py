@@ -19,6 +19,7 @@ import csv
 import json
 import logging
 import math
+import re
 import shutil
 import signal
 
@@ -171,26 +172,36 @@ def test_compile_auto_compiles_on_cuda_only():
     assert resolve_compile(False, torch.device("cuda")) is False
 
 
-def test_a_failed_compile_trains_eagerly_and_says_why(data, tmp_path, monkeypatch, caplog):
-    """A compiler that cannot run (here inductor's C++ compiler, named to a path that does not
-    exist; on a GPU it would be Triton's) costs the speed, not the run: one line says why, the
-    run goes on eagerly from its first update, exactly as an eager run (dropout 0: the failed
-    attempt drew no random numbers), and train.json records it."""
-    import torch._inductor.config as inductor_config
-
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(tmp_path / "no-such-g++")))
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # no earlier test's kernels
-    deterministic = {"model": {"dropout": 0.0}, "epochs": 1}
-    eager_summary, eager_rows = fit(data, tmp_path, "eager", compile=False, **deterministic)
-    with caplog.at_level(logging.WARNING, logger="nmt"):
-        summary, rows = fit(data, tmp_path, "failed", compile=True, **deterministic)
-    warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
-    assert len(warnings) == 1 and "no-such-g++" in warnings[0], warnings
+@pytest.mark.slow
+def test_a_failed_compile_trains_eagerly_and_says_why(data, tmp_path):
+    """A compiler that cannot run (here inductor's C++ compiler, CXX named to a path that does
+    not exist; on a GPU it would be Triton's) costs the speed, not the run: one line says why,
+    the run goes on eagerly from its first update, exactly as an eager run (dropout 0: the
+    failed attempt drew no random numbers), and train.json records it. In a process of its
+    own: inductor remembers the compiler it found."""
+    runs = {}
+    for name, compile_on in (("eager", False), ("failed", True)):
+        (tmp_path / name).mkdir()
+        argv = train_argv(params_file(tmp_path / name, {"dropout": 0.0}, epochs=1,
+                                      compile=compile_on),
+                          {**data, "results": tmp_path / name / "results"})
+        proc = nmt_process(argv, timeout=600, env={"CXX": str(tmp_path / "no-such-g++")})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = (proc.stderr, RUN.files(tmp_path / name / "results"))
+    (_, eager), (stderr, failed) = runs["eager"], runs["failed"]
+    warnings = re.findall(r"nmt\.train: torch\.compile failed.*", stderr)  # (after a bar)
+    assert warnings == [
+        f"nmt.train: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found in "
+        f"torch._inductor.config.cpp.cxx: (None, '{tmp_path / 'no-such-g++'}')): training "
+        "eagerly from here"], warnings
+    summary = json.loads(failed.summary.read_text())
     assert summary["compile"] is False and "no-such-g++" in summary["compile_failed"]
-    assert "compile_seconds" not in summary and "compile_failed" not in eager_summary
+    assert "compile_seconds" not in summary
+    assert "compile_failed" not in json.loads(eager.summary.read_text())
     learnt = ("epoch", "train_loss", "valid_loss", "lr")  # not the seconds
-    assert [{k: r[k] for k in learnt} for r in rows] == [{k: r[k] for k in learnt}
-                                                         for r in eager_rows]
+    rows = {n: [{k: r[k] for k in learnt} for r in csv.DictReader(open(f.history))]
+            for n, f in (("eager", eager), ("failed", failed))}
+    assert rows["failed"] == rows["eager"]
 
 
 def test_evaluate_scores_in_the_precision_trained_in(data, tmp_path):

@@ -77,10 +77,11 @@ def train_argv(params: Path, data: dict, *extra: str, model: str = "scratch") ->
 
 
 def nmt_process(argv: list[str], kill_at: str | None = None, timeout: float = 120,
-                launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    """`python -m nmt <argv>` (or `<launcher> -m nmt <argv>`) in a fresh single-threaded process;
-    kill_at sets the test hook NMT_TEST_KILL_AT."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+                launcher: list[str] | None = None,
+                env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m nmt <argv>` (or `<launcher> -m nmt <argv>`) in a fresh single-threaded process
+    (with `env` added to this one's environment); kill_at sets the test hook NMT_TEST_KILL_AT."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src"), **(env or {})}
     env.pop("NMT_TEST_KILL_AT", None)
     if kill_at:
         env["NMT_TEST_KILL_AT"] = kill_at

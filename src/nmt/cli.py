@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from nmt.corpus import corpus_settings
-from nmt.errors import EX_IOERR, FULL, DiskFull, NmtError, out_of_memory
+from nmt.errors import EX_IOERR, FULL, Completion, DiskFull, NmtError, out_of_memory
 from nmt.params import load_params
 from nmt.recipes import resolve
 from nmt.runs import MODEL_NAMES, Run
@@ -441,14 +441,21 @@ class Terminated(BaseException):
 
 
 def on_sigterm(signum, frame):
+    """Stop the stage, unless its last outputs are being written (files.last_outputs: the
+    stop waits for them) or are all in place (then it changes nothing, and says so at exit)."""
+    if Completion.writing or Completion.complete:
+        Completion.late_sigterm = True
+        return
     raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `nmt` command (argv None: this process is it) or one call of it (argv given)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
-    reads, old_sigterm = set(), signal.getsignal(signal.SIGTERM)
+    reads, old_sigterm, status = set(), signal.getsignal(signal.SIGTERM), None
+    Completion.reset()
     if threading.current_thread() is threading.main_thread():  # where handlers can be set
         signal.signal(signal.SIGTERM, on_sigterm)  # a scheduler's stop gets its line too
     try:
@@ -465,7 +472,11 @@ def main(argv: list[str] | None = None) -> int:
             set_threads(args.threads)  # sets its own after it knows whether it only launches
         if getattr(args, "gpu_mem_mb", 0):  # train, evaluate, bench
             bound_gpu_memory(args.gpu_mem_mb)
-        return args.func(args, params) or 0
+        status = args.func(args, params) or 0
+        if Completion.late_sigterm and status == 0:
+            print(f"nmt {args.stage}: SIGTERM came after the last outputs were written; they are "
+                  "complete", file=sys.stderr)
+        return status
     except NmtError as e:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
         return e.exit_code  # 2; a full disk 74 (EX_IOERR)
@@ -490,7 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nmt {args.stage}: stopped by SIGTERM; {interrupted_note(args)}", file=sys.stderr)
         return 128 + signal.SIGTERM
     finally:
-        if signal.getsignal(signal.SIGTERM) is on_sigterm:  # not one set since (SIG_IGN
+        if status == 0 and argv is None:  # done: a stop while the process exits changes nothing
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (and must not make it look failed)
+        elif signal.getsignal(signal.SIGTERM) is on_sigterm:  # not one set since (SIG_IGN
             signal.signal(signal.SIGTERM, old_sigterm)  # by a training whose peer died)
         if os.environ.get("NMT_TRACK_READS"):
             record_reads(Path(os.environ["NMT_TRACK_READS"]), args.stage, reads)

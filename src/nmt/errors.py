@@ -1,10 +1,13 @@
-"""The one error type of the pipeline: a problem the user can fix."""
+"""The one error type of the pipeline (a problem the user can fix), and what a stop signal
+may still change once a stage's outputs are written (Completion)."""
 
 from __future__ import annotations
 
 import errno
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # sysexits.h's EX_IOERR: an input/output error, here a full disk. A scheduler (SLURM, Snakemake,
@@ -50,3 +53,30 @@ def out_of_memory(error: BaseException) -> str | None:
     where = "GPU memory" if "CUDA" in text or "GPU" in text else "memory"
     asked = re.search(r"tried to allocate ([\d.]+ ?[KMGT]?i?B|\d+ bytes)", text)
     return f"{where}: an allocation of {asked.group(1)} failed" if asked else where
+
+
+class Completion:
+    """Whether this process's stage has written its last outputs (last_outputs), for nmt.cli's
+    SIGTERM handler: a stop that comes once they are all in place must not make the job look
+    failed (Snakemake deletes a failed job's outputs, complete or not)."""
+
+    writing = False  # inside the last writes: a SIGTERM waits for them
+    complete = False  # every output is in place
+    late_sigterm = False  # a SIGTERM came during or after the last writes
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.writing = cls.complete = cls.late_sigterm = False
+
+
+@contextmanager
+def last_outputs() -> Iterator[None]:
+    """Around a stage's last writes: a SIGTERM that comes during them waits until they are done
+    (nmt.cli.on_sigterm), and once they are done the outputs count as complete, so a SIGTERM
+    from then on ends the command with status 0 and a line that says so, not with 143."""
+    Completion.writing = True
+    try:
+        yield
+        Completion.complete = True
+    finally:
+        Completion.writing = False

@@ -17,7 +17,7 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from nmt.checkpoint import check_vocab, load
 from nmt.data import Batches, load_pairs
-from nmt.errors import NmtError
+from nmt.errors import NmtError, last_outputs
 from nmt.files import atomic_dir, write_json
 from nmt.runs import Run, RunFiles
 from nmt.runtime import autocast, bound_gpu_memory, pick_device, resolve_precision, token_loss
@@ -125,12 +125,13 @@ def evaluate(settings: dict, paths: Paths) -> dict:
                                                      ckpt["model_config"]["max_len"], out,
                                                      precision)
     log.info("wrote %s", files.translations)
-    write_json(files.attention, attention)
-    write_json(files.evaluation, {
-        "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
-        "params": n_params, "device": str(device), "precision": precision,
-        "signature": signatures(), "testsets": timings})
-    write_json(files.metrics, metrics)
+    with last_outputs():  # a SIGTERM from here on waits, then finds every output in place
+        write_json(files.attention, attention)
+        write_json(files.evaluation, {
+            "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
+            "params": n_params, "device": str(device), "precision": precision,
+            "signature": signatures(), "testsets": timings})
+        write_json(files.metrics, metrics)
     log.info("wrote %s and evaluation.json", files.metrics)
     return metrics
 

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from nmt import checkpoint, distributed, resume
 from nmt.data import Batches, load_pairs
 from nmt.distributed import World
-from nmt.errors import FULL, DiskFull, NmtError
+from nmt.errors import FULL, DiskFull, NmtError, last_outputs
 from nmt.files import make_folder, write_json, write_text
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run, RunFiles
@@ -579,9 +579,9 @@ def update_or_fall_back(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.
 
 def root_cause(error: BaseException) -> str:
     """`Type: first line` of the innermost exception (a compiler's own error, not dynamo's
-    wrapper around it)."""
-    while error.__cause__ is not None:
-        error = error.__cause__
+    wrapper around it: BackendCompilerFailed holds it as inner_exception)."""
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
@@ -749,12 +749,13 @@ def write_outputs(trainer: Trainer, progress: Progress, averaged: float | None) 
     checkpoint.save(files.last, trainer.model, **meta, epoch=last["epoch"],
                     valid_loss=last["valid_loss"])
     trainer.model.load_state_dict(progress.best_state)
+    summary = summarize(trainer, progress, averaged)  # (its greedy BLEU: the best weights)
     mean_of = {"averaged": progress.best_averaged} if progress.best_averaged else {}
-    checkpoint.save(files.best, trainer.model, **meta, epoch=progress.best_epoch,
-                    valid_loss=progress.best_loss, **mean_of)
-    write_history(files.history, progress.history)
-    summary = summarize(trainer, progress, averaged)
-    write_json(files.summary, summary)
+    with last_outputs():  # a SIGTERM from here on waits, then finds every output in place
+        checkpoint.save(files.best, trainer.model, **meta, epoch=progress.best_epoch,
+                        valid_loss=progress.best_loss, **mean_of)
+        write_history(files.history, progress.history)
+        write_json(files.summary, summary)
     log.info("wrote %s (best valid loss %.4f at epoch %s)", files.folder, progress.best_loss,
              progress.best_name)
     return summary
