@@ -43,11 +43,10 @@ def tiny_data(prepared: dict, dest: Path, train: int = 300, val: int = 100) -> d
     return {"tokenized": tok, "vocab": dest / "vocab", "results": dest / "results"}
 
 
-def tiny_params(model: dict | None = None, **train) -> dict:
-    """The published recipe, resolved, with a tiny model (and `model` overrides) and `train`
-    overrides."""
+def tiny_params(**train) -> dict:
+    """The published recipe, resolved, with a tiny model and `train` overrides."""
     params = resolve(load_params(REPO / "params.yaml"), "published")
-    params["model"].update({**TINY_MODEL, **(model or {})})
+    params["model"].update(TINY_MODEL)
     params["train"].update({**TINY_TRAIN, **train})
     return params
 

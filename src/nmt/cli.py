@@ -441,7 +441,7 @@ class Terminated(BaseException):
 
 
 def on_sigterm(signum, frame):
-    """Stop the stage, unless its last outputs are being written (files.last_outputs: the
+    """Stop the stage, unless its last outputs are being written (errors.last_outputs: the
     stop waits for them) or are all in place (then it changes nothing, and says so at exit)."""
     if Completion.writing or Completion.complete:
         Completion.late_sigterm = True

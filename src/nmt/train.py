@@ -141,7 +141,6 @@ class Trainer:
     model: torch.nn.Module  # the weights
     ddp: torch.nn.Module  # the model, wrapped in DistributedDataParallel under torchrun
     step_model: torch.nn.Module  # what a training step calls: ddp, maybe compiled
-    compiled: bool  # train.compile resolved on the device; False after a failed compile
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler | None  # set once the Trainer knows its updates
     train_batches: Batches
@@ -156,6 +155,11 @@ class Trainer:
     last_save: float = field(default_factory=time.monotonic)
     validations: int = 0  # validation passes of this process (for the test hook)
     compile_failed: str = ""  # why compiling failed, when this run fell back to eager
+
+    @property
+    def compiled(self) -> bool:
+        """Whether training steps run compiled (not after a failed compile fell back)."""
+        return self.step_model is not self.ddp
 
     @property
     def run(self) -> Run:
@@ -326,7 +330,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     trainer = Trainer(
         config=config, paths=paths, world=world, device=device,
         precision=resolve_precision(config.precision, device), model=model, ddp=ddp,
-        step_model=step_model, compiled=compile_on, optimizer=optimizer, scheduler=None,
+        step_model=step_model, optimizer=optimizer, scheduler=None,
         train_batches=train_batches, valid_batches=valid_batches,
         valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
         tgt_codec=tgt_codec,
@@ -564,16 +568,16 @@ def update_or_fall_back(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.
     not what is learnt, and train.json records the failure (compile_failed). A failure that is
     the model's own fails eagerly too and is raised from there. Out of memory is raised as it
     is; so is any failure under DDP, where the ranks would have to fall back together."""
-    if not trainer.compiled or trainer.world.size > 1:
-        return update(trainer, micro)
     try:
         return update(trainer, micro)
     except (torch.OutOfMemoryError, MemoryError):
         raise
     except Exception as error:  # noqa: BLE001 - the eager retry raises any model error again
+        if not trainer.compiled or trainer.world.size > 1:
+            raise
         trainer.compile_failed = root_cause(error)
         log.warning("torch.compile failed (%s): training eagerly from here", trainer.compile_failed)
-        trainer.step_model, trainer.compiled = trainer.ddp, False
+        trainer.step_model = trainer.ddp
         return update(trainer, micro)
 
 
