@@ -17,7 +17,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from nmt.params import load_params
+from nmt.cli import keep_freed_memory  # noqa: E402
+from nmt.params import load_params  # noqa: E402
+
+# The tests train in their own processes too, not only through `nmt` (whose main() does this).
+keep_freed_memory()
 
 REPO = Path(__file__).resolve().parents[1]
 

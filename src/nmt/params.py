@@ -18,6 +18,15 @@ from nmt.runs import ENCODER_DECODERS
 
 SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
 
+# libyaml's parser where PyYAML was built with it (the wheels are): the same YAML 1.1 and the
+# same values, about 8x faster than the pure-Python one, and every `nmt` command reads
+# params.yaml and its schema (tens of ms each).
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def read_yaml(text: str):
+    return yaml.load(text, Loader=YAML_LOADER)
+
 
 def find_schema(params_path: Path) -> Path:
     """The schema sits at workflow/schemas/ beside params.yaml (the repo root)."""
@@ -76,7 +85,7 @@ def schema_error_line(err: jsonschema.ValidationError) -> str:
 
 
 def check_schema(params: dict, schema_path: Path) -> None:
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = read_yaml(Path(schema_path).read_text())
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
     if errors:
@@ -196,7 +205,7 @@ def read_params(path: Path) -> dict:
     if not path.is_file():
         raise NmtError(f"{path}: not found (fix: run from the repository root or pass --params)")
     try:
-        params = yaml.safe_load(path.read_text())
+        params = read_yaml(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
