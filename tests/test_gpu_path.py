@@ -119,6 +119,7 @@ def graphs_compiled(pairs, batch_by: str, pad_multiple: int) -> tuple[int, int]:
     return len(shapes), counters["stats"]["unique_graphs"]
 
 
+@pytest.mark.slow  # two compilations of forward and backward: 40-60 s, the compile tests' tier
 def test_one_graph_for_every_batch_shape_padded_or_not(pairs, capsys):
     """Compiled for dynamic shapes without duck shaping, the model compiles once, whatever
     the lengths (with duck shaping it compiled twice here, padded or not). Padding to a
