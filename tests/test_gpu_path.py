@@ -33,7 +33,7 @@ from nmt.evaluate import Paths as EvalPaths
 from nmt.evaluate import evaluate
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run
-from nmt.runtime import resolve_compile, token_loss
+from nmt.runtime import cpu_features, resolve_compile, token_loss
 from nmt.train import compiled, train
 from nmt.vocab import PAD_ID, load_codecs
 from train_helpers import (
@@ -146,6 +146,8 @@ def fit(data, tmp_path, name: str, **settings) -> tuple[dict, list[dict]]:
 def assert_device_report(summary: dict, precision: str, compiled: bool) -> None:
     assert summary["precision"] == precision and summary["compile"] is compiled
     assert "CPU" in summary["device_name"] and summary["device"] == "cpu"
+    assert summary["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert set(summary["cpu_bf16"]) <= {"avx512_bf16", "amx_bf16"}
     assert summary["peak_memory_of"] == "process peak RSS" and summary["peak_memory_mb"] > 50
     assert summary["tokens_per_second"] > 0
     assert ("compile_seconds" in summary) is compiled
@@ -164,6 +166,19 @@ def test_bf16_training_is_finite_and_close_to_fp32(data, tmp_path, capsys):
     with capsys.disabled():
         print(f"\nbf16 vs fp32: largest loss difference {max(diffs):.4f}; s/epoch "
               f"{bf16['seconds_per_epoch']} vs {fp32['seconds_per_epoch']}")
+
+
+def test_the_cpu_report_names_its_native_bf16_instructions():
+    """train.json on a CPU carries torch's vector kind and the bf16 instructions /proc/cpuinfo
+    lists: a Sapphire Rapids Xeon has both, an AVX2 laptop none, an ARM board (no `flags`
+    line) none."""
+    xeon = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu sse2 "
+            "avx2 avx512f avx512_bf16 amx_bf16 amx_tile\nbugs\t\t: spectre_v1\n")
+    laptop = "model name\t: AMD Ryzen 5 3600\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    arm = "processor\t: 0\nFeatures\t: fp asimd bf16\nCPU implementer\t: 0x41\n"
+    assert cpu_features(xeon)["cpu_bf16"] == ["avx512_bf16", "amx_bf16"]
+    assert cpu_features(laptop)["cpu_bf16"] == [] == cpu_features(arm)["cpu_bf16"]
+    assert cpu_features(laptop)["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
 def test_compile_auto_compiles_on_cuda_only():

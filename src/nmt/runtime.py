@@ -142,13 +142,32 @@ def device_name(device: torch.device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:  # Linux names the CPU model here; platform.processor() is often empty
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        name = next(line.split(":", 1)[1].strip() for line in lines
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        name = platform.machine()
+    name = cpuinfo_field("model name") or platform.machine()  # platform.processor(): often ''
     return f"{name} (CPU, {torch.get_num_threads()} threads)"
+
+
+# CPU flags of instructions that compute in bfloat16 natively (Linux's names in /proc/cpuinfo)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_features(cpuinfo: str | None = None) -> dict:
+    """The CPU's kind of vector instructions as torch's kernels use them (AVX512, AVX2, ...;
+    torch.backends.cpu.get_cpu_capability) and its native bfloat16 instructions, if any: a
+    training's last digits move with the instruction set, so a result carries it. cpuinfo:
+    /proc/cpuinfo's text (read here where it is None; other systems list no flags)."""
+    flags = set((cpuinfo_field("flags", cpuinfo) or "").split())
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_bf16": [flag for flag in BF16_FLAGS if flag in flags]}
+
+
+def cpuinfo_field(key: str, cpuinfo: str | None = None) -> str | None:
+    """The first `key : value` of /proc/cpuinfo (Linux), or None."""
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.split(":", 1)[0].strip() == key), None)
 
 
 def peak_memory(device: torch.device) -> dict:

@@ -44,6 +44,7 @@ from nmt.runtime import (
     autocast,
     bound_gpu_memory,
     corpus_loss,
+    cpu_features,
     device_name,
     peak_memory,
     resolve_compile,
@@ -808,14 +809,17 @@ def valid_bleu(trainer: Trainer) -> float | None:
 
 
 def machine_report(trainer: Trainer) -> dict:
-    """What a result needs to explain its speed: the device's name, the precision, compile
-    on/off and its cost, the peak memory (runtime.peak_memory says what is measured). The
+    """What a result needs to explain its speed and its digits: the device's name (on a CPU
+    also its instruction set, runtime.cpu_features), the precision, compile on/off and its
+    cost, the peak memory (runtime.peak_memory says what is measured). The
     compile figures are dynamo's own (torch._dynamo.utils, not a public API): this process's
     seconds compiling (forward and backward graphs, every recompile; a resumed run counts its
     own) and the graphs compiled (1 when dynamic shapes cover every batch, more on a
     recompile or a graph break). Epoch 1's seconds include the compile time."""
     report = {"device_name": device_name(trainer.device), "precision": trainer.precision,
               "compile": trainer.compiled}
+    if trainer.device.type == "cpu":
+        report |= cpu_features()
     if trainer.compile_failed:
         report["compile_failed"] = trainer.compile_failed
     if trainer.compiled:
