@@ -424,10 +424,10 @@ def keep_freed_memory() -> bool:
     100 MB) for itself and unmaps it when freed, and hands smaller ones back once enough is
     free at the heap's top; so every training step faults its activations in again (94,000
     minor page faults a step of the demo's size) and the kernel zeroes each page. Kept, a step
-    faults none once the heap has settled, and the same step took 1.05-1.3x less time here
+    faults none once the heap has settled, and the same step took 1.03-1.3x less time here
     (tools/allocator_bench.py). The cost is memory: the heap keeps what it once held, and a
-    few blocks more while it settles (the demo step's peak resident memory: 1.2-1.4 GB
-    instead of 1.05). False where the C library is not glibc (musl, macOS): their allocators
+    few blocks more while it settles (the demo step's peak resident memory: 1.1-1.4 GB
+    instead of 1.0-1.1). False where the C library is not glibc (musl, macOS): their allocators
     have no such settings."""
     try:
         mallopt = ctypes.CDLL(None).mallopt

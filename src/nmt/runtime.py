@@ -4,6 +4,7 @@ about its machine."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import platform
@@ -161,13 +162,19 @@ def cpu_features(cpuinfo: str | None = None) -> dict:
 
 
 def cpuinfo_field(key: str, cpuinfo: str | None = None) -> str | None:
-    """The first `key : value` of /proc/cpuinfo (Linux), or None."""
-    try:
-        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
-    except OSError:
-        return None
+    """The first `key : value` of /proc/cpuinfo (or of the text cpuinfo), or None."""
+    text = proc_cpuinfo() if cpuinfo is None else cpuinfo
     return next((line.split(":", 1)[1].strip() for line in text.splitlines()
                  if line.split(":", 1)[0].strip() == key), None)
+
+
+@functools.cache
+def proc_cpuinfo() -> str:
+    """/proc/cpuinfo's text, read once a process (Linux; '' elsewhere)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
 
 
 def peak_memory(device: torch.device) -> dict:
