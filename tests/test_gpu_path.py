@@ -181,8 +181,8 @@ def test_the_cpu_report_names_its_native_bf16_instructions():
     assert cpu_features(laptop)["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
-def test_compile_auto_compiles_on_cuda_only():
-    assert resolve_compile("auto", torch.device("cuda")) is True
+def test_compile_auto_compiles_nowhere():
+    assert resolve_compile("auto", torch.device("cuda")) is False
     assert resolve_compile("auto", torch.device("cpu")) is False
     assert resolve_compile(True, torch.device("cpu")) is True
     assert resolve_compile(False, torch.device("cuda")) is False

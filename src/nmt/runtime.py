@@ -81,34 +81,39 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def resolve_compile(compile_setting: bool | str, device: torch.device) -> bool:
-    """train.compile on a device: `auto` compiles on CUDA and not on the CPU. On an H100 the
-    eager published-size step (65 M parameters, 32 sentences) took 46-68 ms, 0.3 % of the
-    GPU's bf16 peak: the time goes to launching small kernels one by one (about 14,600 aten
-    calls an update), which inductor fuses. On the CPU the step is compute-bound and
-    compiling made it 0.84-0.99x as fast (issue 33's measurement). true and false as given."""
+    """train.compile on a device: `auto` compiles nowhere, because on every device measured
+    compiling cost more time than it saved in a run of this project's sizes. On the CPU it made
+    the step 0.84-0.99x as fast (issue 33). On an H200 (torch 2.11, reports/gpu-second-run)
+    the published-size step's first compile took 2.5 minutes and new batch shapes recompiled
+    at 1-1.5 minutes each (7 updates in 7.7 minutes); the tuned recipe compiled 4 times in
+    4.4 minutes, then ran 3.5 s an epoch against about 5 eager; the decoder-only model's
+    compile failed in sympy and fell back. true and false as given."""
+    del device  # the same choice on every device measured so far
     if compile_setting == "auto":
-        return torch.device(device).type == "cuda"
+        return False
     return bool(compile_setting)
 
 
-def autocast(device: torch.device, precision: str = "auto"):
+def autocast(device: torch.device, precision: str = "auto", cache_casts: bool = True):
     """bf16 autocast when the precision resolves to bf16 (matmuls and attention in bf16,
-    reductions and the loss in float32); a no-op for fp32."""
+    reductions and the loss in float32); a no-op for fp32. `cache_casts` False: no cache of
+    the weights' bf16 copies, which a CUDA graph capture requires (nmt.graphs)."""
     device = torch.device(device)
-    return torch.autocast(device.type, dtype=torch.bfloat16,
+    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache_casts,
                           enabled=resolve_precision(precision, device) == "bf16")
 
 
 def token_loss(model, src, tgt, device, label_smoothing: float = 0.0, reduction: str = "sum",
-               precision: str = "auto"):
+               precision: str = "auto", cache_casts: bool = True):
     """(loss, target tokens) of one batch under teacher forcing; pads ignored.
 
     reduction "sum": one summed loss; "none": a (B,) loss per sentence (summed over its tokens).
-    The forward pass runs under `precision` (resolve_precision); the loss is float32 or wider.
+    The forward pass runs under `precision` (resolve_precision, autocast); the loss is
+    float32 or wider.
     """
     src, tgt = src.to(device, non_blocking=True), tgt.to(device, non_blocking=True)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    with autocast(device, precision):
+    with autocast(device, precision, cache_casts):
         logits = model(src, tgt_in)  # (B, T, V)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up, fp64 kept
     loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID,
