@@ -241,6 +241,7 @@ TOGGLE = {"vocab.kind": {"word": "bpe", "bpe": "word"},
           "train.device": {"auto": "cpu", "cpu": "auto"},
           "train.precision": {"auto": "fp32", "fp32": "bf16", "bf16": "fp32"},
           "train.compile": {"auto": False},
+          "train.cuda_graphs": {"auto": False},
           "model.attention": {"prefix": "causal", "causal": "prefix"},
           "train.schedule": {"inverse_sqrt": "linear", "linear": "cosine",
                              "cosine": "inverse_sqrt"}}

@@ -103,7 +103,8 @@ def fake_run(params: dict, run: Run, results: Path, data: dict) -> None:
         "train_minutes": 4.0 + run.seed, "updates": 100 * epochs, "valid_bleu_greedy": 30.0,
         "tokens_per_second": 9000, "train_pairs": 29000, "device_name": "NVIDIA H100 80GB HBM3",
         "precision": "bf16", "compile": True, "compile_seconds": 41.5, "compiled_graphs": 1,
-        "peak_memory_mb": 5120.0, "peak_memory_of": "cuda max_memory_allocated", "config": {}})
+        "cuda_graphs": 0, "peak_memory_mb": 5120.0, "peak_memory_of": "cuda max_memory_allocated",
+        "config": {}})
 
 
 def fake_tree(root: Path, mirror: Path, recipes, models, seeds, testsets) -> tuple[dict, dict]:
@@ -246,8 +247,8 @@ def test_sections_and_setup_follow_params(full):
     assert "training batches: random 42.7%, bucketed 6.1%." in text  # bench.json's padding
     # The device report: what trained, in which precision, compiled how fast, in how much memory
     assert "Trained on: NVIDIA H100 80GB HBM3 (peak memory: cuda max_memory_allocated)" in text
-    assert re.search(r"\| precision +\| +compile s +\| +peak MB +\|", text)
-    assert re.search(r"\| bf16 +\| +41\.500 +\| +5120\.000 +\|", text)
+    assert re.search(r"\| precision +\| +compile s +\| +CUDA graphs +\| +peak MB +\|", text)
+    assert re.search(r"\| bf16 +\| +41\.500 +\| +0 +\| +5120\.000 +\|", text)
 
 
 def test_one_test_set_two_models(tmp_path, mirror):

@@ -105,9 +105,9 @@ def check_run(path: Path, ckpt: dict, expect: Run) -> None:
 
 
 # train: keys that say where a run trained, how its arithmetic ran and how often it kept its
-# state, not what it learnt (precision, like compile, moves rounding only; evaluate may score
-# a model in another precision to measure exactly that).
-PLACEMENT = ("device", "precision", "compile", "save_every_minutes")
+# state, not what it learnt (precision, like compile and CUDA graphs, moves rounding only;
+# evaluate may score a model in another precision to measure exactly that).
+PLACEMENT = ("device", "precision", "compile", "cuda_graphs", "save_every_minutes")
 
 
 def setting_differences(ckpt: dict, settings: dict) -> list[str]:

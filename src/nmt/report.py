@@ -454,6 +454,7 @@ def machine_columns(summary: dict) -> dict:
     compiled = summary.get("compile")
     return {"precision": summary.get("precision", "-"),
             "compile s": summary.get("compile_seconds", "-") if compiled else "off",
+            "CUDA graphs": summary.get("cuda_graphs", "-"),
             "peak MB": summary.get("peak_memory_mb", "-")}
 
 

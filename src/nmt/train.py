@@ -38,6 +38,7 @@ from nmt.data import Batches, load_pairs
 from nmt.distributed import World
 from nmt.errors import FULL, DiskFull, NmtError, last_outputs
 from nmt.files import make_folder, write_json, write_text
+from nmt.graphs import GraphedUpdates, resolve_cuda_graphs
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run, RunFiles
 from nmt.runtime import (
@@ -84,7 +85,8 @@ class TrainConfig:
     patience: int  # 0: every epoch; else stop after N epochs without a better valid loss
     device: str  # auto (CUDA when present), cpu, cuda[:N]
     precision: str  # auto (bf16 on CUDA, fp32 on CPU), bf16 (autocast), fp32
-    compile: bool | str  # auto (CUDA: yes, CPU: no), true, false: torch.compile (inductor)
+    compile: bool | str  # auto (off: it cost more than it saved), true, false: torch.compile
+    cuda_graphs: bool | str  # auto (CUDA, eager, 1 process, accumulate 1), false: nmt.graphs
     pad_multiple: int  # batch lengths padded up to a multiple of this (1: off)
     accumulate: int  # micro-batches an optimizer update (gradient accumulation)
     devices: int  # processes one run trains on (DDP under torchrun)
@@ -156,6 +158,8 @@ class Trainer:
     last_save: float = field(default_factory=time.monotonic)
     validations: int = 0  # validation passes of this process (for the test hook)
     compile_failed: str = ""  # why compiling failed, when this run fell back to eager
+    graphs: GraphedUpdates | None = None  # updates replayed as CUDA graphs (train.cuda_graphs)
+    graphs_failed: str = ""  # why a capture failed, when this run fell back to eager updates
 
     @property
     def compiled(self) -> bool:
@@ -320,8 +324,9 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     # Batch shapes vary with sentence length: compile once for dynamic shapes, not per length.
     compile_on = resolve_compile(config.compile, device)
     step_model = compiled(ddp) if compile_on else ddp
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=config.betas,
-                                 eps=config.eps, fused=device.type == "cuda")
+    graphs_on = resolve_cuda_graphs(config.cuda_graphs, device, compiled=compile_on,
+                                    processes=world.size, accumulate=config.accumulate)
+    optimizer = adam(model, config, device, graphs_on)
     checkpoint_meta = {
         "name": run.model, "recipe": run.recipe, "cfg": model_config,
         "src_vocab_size": vocab_sizes[0], "tgt_vocab_size": vocab_sizes[1],
@@ -340,10 +345,41 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(  # over the run's total updates
         optimizer, lambda s: lr_factor(s + 1, config.warmup_steps, config.schedule,
                                        trainer.total_updates))
+    if graphs_on:
+        trainer.graphs = GraphedUpdates(graph_body(trainer), optimizer, device)
     on = f"{world.size} processes ({device.type})" if world.group else str(device)
     log.info("%s: %s parameters on %s, %s%s", run.name, f"{trainer.n_params:,}", on,
-             trainer.precision, ", compiled" if compile_on else "")
+             trainer.precision,
+             ", compiled" if compile_on else ", CUDA graphs" if graphs_on else "")
     return trainer
+
+
+def adam(model: torch.nn.Module, config: TrainConfig, device: torch.device,
+         graphs: bool) -> torch.optim.Adam:
+    """Adam as a run trains with it: fused on CUDA. For CUDA graphs (which replay its step)
+    also capturable, with its step count and lr on the device: the lr schedule fills the lr
+    tensor in place between replays."""
+    return torch.optim.Adam(
+        model.parameters(), lr=torch.tensor(config.lr, device=device) if graphs else config.lr,
+        betas=config.betas, eps=config.eps, fused=device.type == "cuda" or graphs,
+        capturable=graphs)
+
+
+def graph_body(trainer: Trainer):
+    """One whole update on device tensors, as nmt.graphs captures it: what update() does for
+    one process and one micro-batch, after the gradients were set to None."""
+    config, model = trainer.config, trainer.step_model
+
+    def body(src: torch.Tensor, tgt: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        loss, _ = token_loss(model, src, tgt, trainer.device, config.label_smoothing,
+                             precision=trainer.precision, cache_casts=False)
+        (loss / total).backward()
+        if config.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), config.clip_grad_norm)
+        trainer.optimizer.step()
+        return loss.detach()
+
+    return body
 
 
 def compiled(ddp: torch.nn.Module, backend: str = "inductor") -> torch.nn.Module:
@@ -430,6 +466,9 @@ def resume_or_start(trainer: Trainer, restart: bool) -> Progress:
         return Progress()
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
+    if trainer.graphs is not None:  # the loaded lr (a number, or a tensor read to the CPU)
+        for group in trainer.optimizer.param_groups:  # back on the device, for the graphs
+            group["lr"] = torch.tensor(float(group["lr"]), device=trainer.device)
     trainer.scheduler.load_state_dict(state["scheduler"])
     mine = state["ranks"][world.rank]
     resume.set_rng_state(mine["rng"], trainer.device)
@@ -574,6 +613,12 @@ def update_or_fall_back(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.
     except (torch.OutOfMemoryError, MemoryError):
         raise
     except Exception as error:  # noqa: BLE001 - the eager retry raises any model error again
+        if trainer.graphs is not None:
+            trainer.graphs_failed = root_cause(error)
+            log.warning("a CUDA graph capture failed (%s): updating eagerly from here",
+                        trainer.graphs_failed)
+            trainer.graphs = None
+            return update(trainer, micro)
         if not trainer.compiled or trainer.world.size > 1:
             raise
         trainer.compile_failed = root_cause(error)
@@ -602,6 +647,11 @@ def update(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]
     """
     config, world, device = trainer.config, trainer.world, trainer.device
     local = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt, real in micro if real)
+    if trainer.graphs is not None:  # one process, one micro-batch: replayed (nmt.graphs)
+        src, tgt, _ = micro[0]
+        loss_sum = trainer.graphs(src, tgt, float(local))
+        trainer.scheduler.step()
+        return loss_sum, local
     total = world.sum(torch.tensor(float(local), dtype=torch.float64, device=device))
     trainer.optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -822,6 +872,10 @@ def machine_report(trainer: Trainer) -> dict:
         report |= cpu_features()
     if trainer.compile_failed:
         report["compile_failed"] = trainer.compile_failed
+    if trainer.device.type == "cuda":  # CUDA graphs captured by this process (0: none)
+        report["cuda_graphs"] = len(trainer.graphs.graphs) if trainer.graphs else 0
+    if trainer.graphs_failed:
+        report["cuda_graphs_failed"] = trainer.graphs_failed
     if trainer.compiled:
         from torch._dynamo.utils import compilation_time_metrics, counters
 

@@ -165,6 +165,7 @@ rule train:
         code=[
             *SHARED_CODE,
             "src/nmt/train.py",
+            "src/nmt/graphs.py",
             "src/nmt/launch.py",
             "src/nmt/resume.py",
             "src/nmt/distributed.py",

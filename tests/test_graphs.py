@@ -1,0 +1,121 @@
+"""CUDA graph updates (nmt.graphs), checked on the CPU where they cannot be captured: what a
+capture needs of the update, which the CPU can show.
+
+- The update a graph records (nmt.train.graph_body) is the update training makes eagerly:
+  the same weights after three updates, bit for bit, for every model (a body that forgot the
+  clipping or divided by another token count fails).
+- It makes no host synchronization, which a capture refuses ("operation not permitted when
+  stream is capturing"): every op it dispatches, forward, backward, clipping and Adam, is
+  checked against the ops that read a device value back to the host (.item(), bool(),
+  torch.equal, nonzero). A planted .item() is caught.
+- Graphs are used only where they can run: CUDA, an eager step, one process, one micro-batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nmt.graphs import resolve_cuda_graphs
+from nmt.runs import Run
+from nmt.train import adam, graph_body, setup, update
+from nmt.vocab import PAD_ID
+from train_helpers import tiny_data, tiny_params, train_paths
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+MODELS = ("baseline", "scratch", "decoder_only")
+# aten ops that copy a device value to the host: on CUDA each waits for the GPU.
+HOST_READS = {"_local_scalar_dense", "equal", "nonzero", "is_nonzero", "masked_select",
+              "unique", "_unique2"}
+
+
+class HostReads(TorchDispatchMode):
+    """Records every dispatched op that reads a tensor's value back to the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in HOST_READS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(scope="module")
+def data(prepared, tmp_path_factory):
+    return tiny_data(prepared, tmp_path_factory.mktemp("graphs"), train=96, val=32)
+
+
+def trainer_for(data, model: str, tmp_path, dropout: float = 0.1, **train):
+    """A tiny run's Trainer whose Adam is the one CUDA graphs replay (fused, capturable, its
+    lr a tensor: all three run on the CPU too), with its lr schedule."""
+    settings = tiny_params(clip_grad_norm=0.5, label_smoothing=0.1, warmup_steps=2, **train)
+    settings["model"]["dropout"] = dropout
+    trainer = setup(settings, train_paths(data, tmp_path, Run("published", model, 0)))
+    trainer.optimizer = adam(trainer.model, trainer.config, trainer.device, graphs=True)
+    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(
+        trainer.optimizer, trainer.scheduler.lr_lambdas[0])
+    return trainer
+
+
+def batches(trainer, n: int):
+    return [trainer.train_batches.batch(idx) for idx, _ in trainer.plan(1)[:n]]
+
+
+def tokens(tgt: torch.Tensor) -> int:
+    return int((tgt[:, 1:] != PAD_ID).sum())
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_captured_update_is_the_eager_update(data, tmp_path, model):
+    """Three updates through graph_body (gradients set to None first, lr schedule stepped
+    after, as nmt.graphs replays them) leave the weights update() leaves, bit for bit."""
+    eager = trainer_for(data, model, tmp_path / "eager", dropout=0.0)
+    graphed = trainer_for(data, model, tmp_path / "graphed", dropout=0.0)
+    body = graph_body(graphed)
+    for src, tgt in batches(eager, 3):
+        update(eager, [(src, tgt, True)])
+        graphed.optimizer.zero_grad(set_to_none=True)
+        body(src, tgt, torch.tensor(float(tokens(tgt)), dtype=torch.float64))
+        graphed.scheduler.step()
+    weights = eager.model.state_dict()
+    for name, value in graphed.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    lrs = [float(t.optimizer.param_groups[0]["lr"]) for t in (eager, graphed)]
+    assert lrs[0] == lrs[1] and 0 < lrs[0] < 1.0e-3  # warming up: the schedule reached both
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("model", MODELS)
+def test_the_captured_update_reads_nothing_back_to_the_host(data, tmp_path, model, precision):
+    trainer = trainer_for(data, model, tmp_path, precision=precision)
+    body = graph_body(trainer)
+    (src, tgt), = batches(trainer, 1)
+    total = torch.tensor(float(tokens(tgt)), dtype=torch.float64)
+    body(src, tgt, total)  # Adam's state made, as the eager warm-up updates make it
+    trainer.optimizer.zero_grad(set_to_none=True)
+    with HostReads() as reads:
+        loss = body(src, tgt, total)
+    assert reads.seen == []
+    with HostReads() as planted:  # what the check catches: the loss read for a log line
+        loss.item()
+    assert planted.seen == ["aten._local_scalar_dense.default"]
+
+
+def test_cuda_graphs_run_only_where_they_can():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    alone = {"compiled": False, "processes": 1, "accumulate": 1}
+    assert resolve_cuda_graphs("auto", cuda, **alone) is True
+    assert resolve_cuda_graphs(False, cuda, **alone) is False
+    assert resolve_cuda_graphs("auto", cpu, **alone) is False
+    for other in ({"compiled": True}, {"processes": 2}, {"accumulate": 2}):
+        assert resolve_cuda_graphs("auto", cuda, **(alone | other)) is False, other
+
+
+def test_a_cpu_run_has_no_graphs_and_a_plain_lr(data, tmp_path):
+    trainer = setup(tiny_params(), train_paths(data, tmp_path, Run("published", "scratch", 0)))
+    assert trainer.config.cuda_graphs == "auto" and trainer.graphs is None
+    group = trainer.optimizer.param_groups[0]
+    assert isinstance(group["lr"], float) and not group["capturable"]
