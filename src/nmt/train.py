@@ -652,10 +652,17 @@ def update(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]
         loss_sum = trainer.graphs(src, tgt, float(local))
         trainer.scheduler.step()
         return loss_sum, local
-    total = world.sum(torch.tensor(float(local), dtype=torch.float64, device=device))
+    # One process keeps the divisor on the CPU (a CUDA kernel takes it as a number): a device
+    # tensor made from it would copy from pageable memory, which waits for the GPU to finish
+    # the last update, and the CPU could no longer queue this one's kernels ahead of it.
+    total = torch.tensor(float(local), dtype=torch.float64)
+    if world.group:
+        total = world.sum(total.to(device))
     trainer.optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for i, (src, tgt, real) in enumerate(micro):
+        if device.type == "cuda":  # pinned, so that copying the batch does not wait either
+            src, tgt = src.pin_memory(), tgt.pin_memory()
         with distributed.no_sync(trainer.ddp, skip=i < len(micro) - 1):  # all-reduce on the last
             loss, _ = token_loss(trainer.step_model, src, tgt, device, config.label_smoothing,
                                  precision=trainer.precision)
