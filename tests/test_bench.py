@@ -23,6 +23,7 @@ def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys
         assert figures["baseline"] > 0 and figures["scratch"] > 0
         assert abs(figures["ratio"] - figures["scratch"] / figures["baseline"]) < 0.01
     assert result["mfu"] == {} and result["peak_memory_mib"] == {}  # CUDA-only figures
+    assert result["cuda_graphs"] is False  # what was timed: eager steps on the CPU
     # The published recipe's sentence batches: random against bucketed (train.bucket).
     assert 0 < result["padding"]["bucketed"] < result["padding"]["random"] / 3
     table = capsys.readouterr().out

@@ -21,6 +21,7 @@ import torch
 
 from nmt.data import Batches, load_pairs, padding_fraction
 from nmt.files import write_json
+from nmt.graphs import GraphedUpdates
 from nmt.models import ModelConfig, build_model
 from nmt.models.mapping import baseline_to_scratch
 from nmt.runtime import autocast, bound_gpu_memory, pick_device, seed_everything, token_loss
@@ -61,8 +62,11 @@ def train_flops(cfg: ModelConfig, tgt_vocab_size: int, batches) -> float:
     return total
 
 
-def make_step(model, device):
-    """One Adam training step of `model` on a batch, as nmt train takes it."""
+def make_step(model, device, graphs: bool = False):
+    """One Adam training step of `model` on a batch, as nmt train takes it: eagerly, or with
+    `graphs` (CUDA) replayed as a CUDA graph per batch shape (nmt.graphs)."""
+    if graphs:
+        return graphed_step(model, device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                            fused=device.type == "cuda")
 
@@ -73,6 +77,21 @@ def make_step(model, device):
         opt.step()
 
     return step
+
+
+def graphed_step(model, device):
+    """make_step's step through nmt.graphs, with the capturable Adam nmt train uses there."""
+    opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-4, device=device),
+                           betas=(0.9, 0.98), eps=1e-9, fused=True, capturable=True)
+
+    def body(src, tgt, total):
+        loss, _ = token_loss(model, src, tgt, device, cache_casts=False)
+        (loss / total).backward()
+        opt.step()
+        return loss.detach()
+
+    updates = GraphedUpdates(body, opt, device)
+    return lambda src, tgt: updates(src, tgt, float((tgt[:, 1:] != PAD_ID).sum()))
 
 
 def decoder(model, sources, device, dc: DecodeConfig):
@@ -191,17 +210,35 @@ def twin_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, devi
 
 def training_speed(models: dict, timed: list, repeats: int, device, cfg: ModelConfig,
                    tgt_vocab_size: int) -> dict:
-    """Training tokens/s, peak memory (CUDA) and MFU (CUDA) of each model on the timed batches."""
-    steps = {name: make_step(m.train(), device) for name, m in models.items()}
-    runs = {name: (lambda step=step: [step(src, tgt) for src, tgt in timed])
-            for name, step in steps.items()}
-    seconds, peak = interleaved(runs, repeats, device)
+    """Training tokens/s, peak memory (CUDA) and MFU (CUDA) of each model on the timed batches:
+    on CUDA with its updates replayed as CUDA graphs, as nmt train runs them (eagerly, with a
+    warning, if a capture fails; `cuda_graphs` says which was timed)."""
+    graphs = device.type == "cuda"
+    try:
+        seconds, peak = time_steps(models, timed, repeats, device, graphs)
+    except (torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as error:  # noqa: BLE001 - the eager steps raise any model error again
+        if not graphs:
+            raise
+        log.warning("a CUDA graph capture failed (%s): timing eager steps", error)
+        graphs = False
+        seconds, peak = time_steps(models, timed, repeats, device, graphs)
     tokens = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt in timed)
     flops, top = train_flops(cfg, tgt_vocab_size, timed), peak_flops(device)
     return {"train": {name: round(tokens / s, 1) for name, s in seconds.items()},
             "peak_memory_mib": {n: round(p / 2**20) for n, p in peak.items()}
             if any(peak.values()) else {},
-            "mfu": {n: round(flops / s / top, 4) for n, s in seconds.items()} if top else {}}
+            "mfu": {n: round(flops / s / top, 4) for n, s in seconds.items()} if top else {},
+            "cuda_graphs": graphs}
+
+
+def time_steps(models: dict, timed: list, repeats: int, device, graphs: bool):
+    """interleaved()'s seconds and peak memory of each model's training steps over `timed`."""
+    steps = {name: make_step(m.train(), device, graphs) for name, m in models.items()}
+    runs = {name: (lambda step=step: [step(src, tgt) for src, tgt in timed])
+            for name, step in steps.items()}
+    return interleaved(runs, repeats, device)
 
 
 def print_table(out: dict) -> None:

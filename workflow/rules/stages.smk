@@ -283,6 +283,7 @@ rule bench:
         code=[
             *SHARED_CODE,
             "src/nmt/bench.py",
+            "src/nmt/graphs.py",
             "src/nmt/search.py",
             "src/nmt/runtime.py",
             "src/nmt/data.py",
