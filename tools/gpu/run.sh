@@ -9,6 +9,13 @@
 # the same command again (on the same machine) goes on where it stopped. Every call packs the
 # small results (no checkpoints) into $OUT/results.tgz and its output into $OUT/log; when the
 # whole pipeline is done, `dvc commit` records it in dvc.lock (in the pack too).
+#
+# Until CUDA graph updates (train.cuda_graphs) have run on a GPU once, check them first, on the
+# same machine (about a minute; this script then finds the wheels installed):
+#
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+#       --target /tmp/nmt-site .whl/*.whl
+#   PYTHONPATH=/tmp/nmt-site OUT=folder python3 tools/gpu/check_graphs.py
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 minutes=${1:-9}
