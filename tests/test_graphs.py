@@ -9,6 +9,9 @@ capture needs of the update, which the CPU can show.
   checked against the ops that read a device value back to the host (.item(), bool(),
   torch.equal, nonzero). A planted .item() is caught.
 - Graphs are used only where they can run: CUDA, an eager step, one process, one micro-batch.
+- A failure in the graph path costs the speed, not the run: here the real failure of a CPU
+  without CUDA (pinning a batch), after which the update runs eagerly and trains as if the
+  graphs had never been tried.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt.graphs import resolve_cuda_graphs
+from nmt.graphs import GraphedUpdates, resolve_cuda_graphs
 from nmt.runs import Run
-from nmt.train import adam, graph_body, lr_factor, setup, update
+from nmt.train import adam, graph_body, lr_factor, setup, update, update_or_fall_back
 from nmt.vocab import PAD_ID
 from train_helpers import tiny_data, tiny_params, train_paths
 
@@ -121,3 +124,18 @@ def test_a_cpu_run_has_no_graphs_and_a_plain_lr(data, tmp_path):
     assert trainer.config.cuda_graphs == "auto" and trainer.graphs is None
     group = trainer.optimizer.param_groups[0]
     assert isinstance(group["lr"], float) and not group["capturable"]
+
+
+def test_a_failed_capture_updates_eagerly_and_says_why(data, tmp_path, caplog):
+    eager = trainer_for(data, "scratch", tmp_path / "eager", dropout=0.0)
+    failing = trainer_for(data, "scratch", tmp_path / "failing", dropout=0.0)
+    failing.graphs = GraphedUpdates(graph_body(failing), failing.optimizer, failing.device)
+    for src, tgt in batches(eager, 2):
+        update(eager, [(src, tgt, True)])
+        update_or_fall_back(failing, [(src, tgt, True)])
+    assert failing.graphs is None and "accelerator" in failing.graphs_failed
+    warnings = [r.getMessage() for r in caplog.records if "CUDA graph" in r.getMessage()]
+    assert len(warnings) == 1 and "updating eagerly from here" in warnings[0]
+    weights = eager.model.state_dict()
+    for name, value in failing.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
