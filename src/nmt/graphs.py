@@ -90,7 +90,7 @@ class GraphedUpdates:
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.body(src.to(self.device, non_blocking=True),
                              tgt.to(self.device, non_blocking=True),
-                             torch.tensor(total, device=self.device))
+                             torch.tensor(total, dtype=torch.float64, device=self.device))
         main.wait_stream(side)
         return loss
 
