@@ -21,7 +21,7 @@ import torch
 
 from nmt.data import Batches, load_pairs, padding_fraction
 from nmt.files import write_json
-from nmt.graphs import GraphedUpdates
+from nmt.graphs import GraphedUpdates, capturable_adam, update_body
 from nmt.models import ModelConfig, build_model
 from nmt.models.mapping import baseline_to_scratch
 from nmt.runtime import autocast, bound_gpu_memory, pick_device, seed_everything, token_loss
@@ -81,16 +81,8 @@ def make_step(model, device, graphs: bool = False):
 
 def graphed_step(model, device):
     """make_step's step through nmt.graphs, with the capturable Adam nmt train uses there."""
-    opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-4, device=device),
-                           betas=(0.9, 0.98), eps=1e-9, fused=True, capturable=True)
-
-    def body(src, tgt, total):
-        loss, _ = token_loss(model, src, tgt, device, cache_casts=False)
-        (loss / total).backward()
-        opt.step()
-        return loss.detach()
-
-    updates = GraphedUpdates(body, opt, device)
+    opt = capturable_adam(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, device)
+    updates = GraphedUpdates(update_body(model, opt, device), opt, device)
     return lambda src, tgt: updates(src, tgt, float((tgt[:, 1:] != PAD_ID).sum()))
 
 

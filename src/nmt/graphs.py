@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nmt.runtime import token_loss
+
 WARMUP = 3  # eager updates on a side stream before the first capture
 
 
@@ -39,6 +41,32 @@ def resolve_cuda_graphs(setting: bool | str, device: torch.device, *, compiled: 
     and one micro-batch an update; false never."""
     return (setting == "auto" and torch.device(device).type == "cuda" and not compiled
             and processes == 1 and accumulate == 1)
+
+
+def capturable_adam(params, lr: float, betas: tuple[float, float], eps: float,
+                    device: torch.device) -> torch.optim.Adam:
+    """Adam whose step a graph can replay: fused, capturable (its step count on the device),
+    its lr a device tensor that an lr schedule fills in place between replays."""
+    return torch.optim.Adam(params, lr=torch.tensor(lr, device=device), betas=betas, eps=eps,
+                            fused=True, capturable=True)
+
+
+def update_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+                *, precision: str = "auto", label_smoothing: float = 0.0, clip: float = 0.0):
+    """One whole update on device tensors, as GraphedUpdates captures it: the loss of
+    (src, tgt) divided by `total`, backward, clipping to `clip` (0: none), the optimizer's
+    step; the gradients were set to None before it. Returns the batch's summed token loss."""
+
+    def body(src: torch.Tensor, tgt: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        loss, _ = token_loss(model, src, tgt, device, label_smoothing, precision=precision,
+                             cache_casts=False)  # autocast's weight cache breaks a capture
+        (loss / total).backward()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        return loss.detach()
+
+    return body
 
 
 @dataclass

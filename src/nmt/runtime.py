@@ -85,7 +85,7 @@ def resolve_compile(compile_setting: bool | str, device: torch.device) -> bool:
     compiling cost more time than it saved in a run of this project's sizes. On the CPU it made
     the step 0.84-0.99x as fast (issue 33). On an H200 (torch 2.11, reports/gpu-second-run)
     the published-size step's first compile took 2.5 minutes and new batch shapes recompiled
-    at 1-1.5 minutes each (7 updates in 7.7 minutes); the tuned recipe compiled 4 times in
+    at 1.2-1.6 minutes each (7 updates in 7.7 minutes); the tuned recipe compiled 4 times in
     4.4 minutes, then ran 3.5 s an epoch against about 5 eager; the decoder-only model's
     compile failed in sympy and fell back. true and false as given."""
     del device  # the same choice on every device measured so far

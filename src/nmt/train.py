@@ -38,7 +38,7 @@ from nmt.data import Batches, load_pairs
 from nmt.distributed import World
 from nmt.errors import FULL, DiskFull, NmtError, last_outputs
 from nmt.files import make_folder, write_json, write_text
-from nmt.graphs import GraphedUpdates, resolve_cuda_graphs
+from nmt.graphs import GraphedUpdates, capturable_adam, resolve_cuda_graphs, update_body
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run, RunFiles
 from nmt.runtime import (
@@ -356,30 +356,20 @@ def setup(settings: dict, paths: Paths) -> Trainer:
 
 def adam(model: torch.nn.Module, config: TrainConfig, device: torch.device,
          graphs: bool) -> torch.optim.Adam:
-    """Adam as a run trains with it: fused on CUDA. For CUDA graphs (which replay its step)
-    also capturable, with its step count and lr on the device: the lr schedule fills the lr
-    tensor in place between replays."""
-    return torch.optim.Adam(
-        model.parameters(), lr=torch.tensor(config.lr, device=device) if graphs else config.lr,
-        betas=config.betas, eps=config.eps, fused=device.type == "cuda" or graphs,
-        capturable=graphs)
+    """Adam as a run trains with it: fused on CUDA; for CUDA graphs, the one they can replay."""
+    if graphs:
+        return capturable_adam(model.parameters(), config.lr, config.betas, config.eps, device)
+    return torch.optim.Adam(model.parameters(), lr=config.lr, betas=config.betas,
+                            eps=config.eps, fused=device.type == "cuda")
 
 
 def graph_body(trainer: Trainer):
-    """One whole update on device tensors, as nmt.graphs captures it: what update() does for
-    one process and one micro-batch, after the gradients were set to None."""
-    config, model = trainer.config, trainer.step_model
-
-    def body(src: torch.Tensor, tgt: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-        loss, _ = token_loss(model, src, tgt, trainer.device, config.label_smoothing,
-                             precision=trainer.precision, cache_casts=False)
-        (loss / total).backward()
-        if config.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), config.clip_grad_norm)
-        trainer.optimizer.step()
-        return loss.detach()
-
-    return body
+    """The update nmt.graphs captures: what update() does for one process and one
+    micro-batch (graphs run only there), with this run's loss settings and clipping."""
+    config = trainer.config
+    return update_body(trainer.model, trainer.optimizer, trainer.device,
+                       precision=trainer.precision, label_smoothing=config.label_smoothing,
+                       clip=config.clip_grad_norm)
 
 
 def compiled(ddp: torch.nn.Module, backend: str = "inductor") -> torch.nn.Module:
@@ -614,16 +604,15 @@ def update_or_fall_back(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.
         raise
     except Exception as error:  # noqa: BLE001 - the eager retry raises any model error again
         if trainer.graphs is not None:
-            trainer.graphs_failed = root_cause(error)
+            trainer.graphs_failed, trainer.graphs = root_cause(error), None
             log.warning("a CUDA graph capture failed (%s): updating eagerly from here",
                         trainer.graphs_failed)
-            trainer.graphs = None
-            return update(trainer, micro)
-        if not trainer.compiled or trainer.world.size > 1:
+        elif trainer.compiled and trainer.world.size == 1:
+            trainer.compile_failed, trainer.step_model = root_cause(error), trainer.ddp
+            log.warning("torch.compile failed (%s): training eagerly from here",
+                        trainer.compile_failed)
+        else:
             raise
-        trainer.compile_failed = root_cause(error)
-        log.warning("torch.compile failed (%s): training eagerly from here", trainer.compile_failed)
-        trainer.step_model = trainer.ddp
         return update(trainer, micro)
 
 

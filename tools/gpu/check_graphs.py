@@ -27,6 +27,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
+from nmt.bench import sync  # noqa: E402
 from nmt.params import load_params  # noqa: E402
 from nmt.recipes import resolve  # noqa: E402
 from nmt.runs import Run  # noqa: E402
@@ -42,11 +43,6 @@ def trainer(settings: dict, recipe: str, model: str, graphs: bool, results: Path
     paths = Paths(tokenized=REPO / "data/tokenized", vocab=REPO / "data/vocab" / recipe,
                   run=Run(recipe, model, 0).files(results / ("graphs" if graphs else "eager")))
     return setup(settings, paths)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def train_updates(run, updates: int) -> dict:
