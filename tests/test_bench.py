@@ -22,10 +22,51 @@ def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys
         figures = result[key]
         assert figures["baseline"] > 0 and figures["scratch"] > 0
         assert abs(figures["ratio"] - figures["scratch"] / figures["baseline"]) < 0.01
-    assert result["mfu"] == {} and result["peak_memory_mib"] == {}  # CUDA-only figures
+    # MFU on the CPU: the steps' FLOP/s over the measured matmul peak of the precision they ran
+    # in (params' train.precision auto, which is fp32 on a CPU).
+    assert result["precision"] == "fp32" and result["peak_measured"] is True
+    assert set(result["peak_gflops"]) == {"fp32", "bf16"} and min(
+        result["peak_gflops"].values()) > 0
+    for model in ("baseline", "scratch"):
+        mfu = result["train_gflops"][model] / result["peak_gflops"]["fp32"]  # both rounded
+        assert 0 < result["mfu"][model] < 1
+        assert abs(result["mfu"][model] - mfu) < 0.02 * mfu + 1e-4
+    assert result["peak_memory_mib"] == {}  # a CUDA figure
     assert result["cuda_graphs"] is False  # what was timed: eager steps on the CPU
     # The published recipe's sentence batches: random against bucketed (train.bucket).
     assert 0 < result["padding"]["bucketed"] < result["padding"]["random"] / 3
     table = capsys.readouterr().out
     assert "scratch/baseline" in table and "beam sentences/s" in table
     assert f"random {result['padding']['random']:.1%}, bucketed" in table
+    assert "of the measured matmul peak in fp32" in table
+
+
+
+def test_train_flops_is_what_torch_counts_in_a_step():
+    """bench's FLOP formula (MFU's numerator) against torch's FLOP counter on one training step
+    (forward and backward) of the scratch model, exactly. The batch has no padding, so the
+    formula's real tokens are every matrix product's rows; attention runs its math path
+    (fused off), whose products the counter sees (it counts no fused attention kernel)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from nmt.bench import train_flops
+    from nmt.models import ModelConfig, build_model
+    from nmt.runtime import token_loss
+
+    cfg = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=64, nhead=4,
+                      dim_feedforward=96, dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model("scratch", cfg, 300, 200)
+    for module in model.modules():
+        if hasattr(module, "fused"):
+            module.fused = False
+    # Source and target of different lengths: cross-attention's keys and values are the
+    # source's, its queries the target's.
+    src, tgt = torch.randint(4, 300, (5, 11)), torch.randint(4, 200, (5, 8))
+    with FlopCounterMode(display=False) as counter:
+        loss, _ = token_loss(model, src, tgt, torch.device("cpu"), precision="fp32")
+        loss.backward()
+    assert {str(op) for op in counter.get_flop_counts()["Global"]} == {
+        "aten.addmm", "aten.mm", "aten.bmm"}
+    assert train_flops(cfg, 200, [(src, tgt)]) == counter.get_total_flops()

@@ -4,8 +4,12 @@ Both models hold the same weights (through the state-dict mapping), so they do t
 Training: the same batches through both models (Adam steps), in target tokens per second.
 Decoding: the same test sentences, greedy and beam search, in sentences per second. Each
 figure is the median of several repeats that alternate between the models, after an untimed
-warm-up pass. Ratios are scratch / baseline: > 1 means the scratch model is faster. On CUDA
-it also reports peak memory and model FLOPs utilisation.
+warm-up pass. Ratios are scratch / baseline: > 1 means the scratch model is faster. The
+training steps run in the recipe's train.precision, as nmt train runs them. Model FLOPs
+utilisation (MFU) is the steps' model FLOPs a second over a peak: on CUDA the GPU's dense bf16
+peak from its data sheet; on the CPU the machine's own, measured by a short calibration (the
+fastest of a few large matrix products, in fp32 and in bf16). On CUDA it also reports peak
+memory.
 """
 
 from __future__ import annotations
@@ -24,14 +28,26 @@ from nmt.files import write_json
 from nmt.graphs import GraphedUpdates, capturable_adam, update_body
 from nmt.models import ModelConfig, build_model
 from nmt.models.mapping import baseline_to_scratch
-from nmt.runtime import autocast, bound_gpu_memory, pick_device, seed_everything, token_loss
+from nmt.runtime import (
+    autocast,
+    bound_gpu_memory,
+    pick_device,
+    resolve_precision,
+    seed_everything,
+    token_loss,
+)
 from nmt.search import DecodeConfig, translate_batches
 from nmt.vocab import PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.bench")
 
-# Dense bf16 tensor-core peaks (FLOP/s), for MFU.
+# Dense bf16 tensor-core peaks of GPUs (FLOP/s, data sheets), for MFU on CUDA.
 BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
+# The CPU's calibration: the fastest of the products of two square matrices of this size
+# (2 x 2048^3 = 17 GFLOP each: 55-70 ms in fp32 and 9-17 ms in bf16 on 2 cores with AMX)
+# repeated for CALIBRATION_SECONDS, after one untimed: the clocks settle in the first few.
+CALIBRATION_SIZE, CALIBRATION_SECONDS = 2048, 0.5
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def sync(device: torch.device) -> None:
@@ -39,39 +55,63 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in BF16_PEAK.items() if k in name), None)
+def peak_flops(device: torch.device) -> dict:
+    """The peaks MFU is taken of, in FLOP/s by precision: a GPU's dense bf16 peak from its data
+    sheet (none for a GPU the table lacks); on the CPU each precision's measured matmul_peak."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in BF16_PEAK.items() if k in name), None)
+        return {"bf16": peak} if peak else {}
+    return {precision: matmul_peak(dtype, device) for precision, dtype in DTYPES.items()}
+
+
+@torch.inference_mode()
+def matmul_peak(dtype: torch.dtype, device: torch.device, size: int = CALIBRATION_SIZE,
+                seconds: float = CALIBRATION_SECONDS) -> float:
+    """FLOP/s of the fastest product of two size x size matrices in dtype, of those `seconds`
+    allow (5 at least), on this process's threads: what the machine's matrix units give."""
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    a @ b  # untimed: kernel selection, memory
+    times: list[float] = []
+    while len(times) < 5 or sum(times) < seconds:
+        sync(device)
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / min(times)
 
 
 def train_flops(cfg: ModelConfig, tgt_vocab_size: int, batches) -> float:
-    """Model FLOPs of one pass over batches: 6 x weights touched per real token + attention."""
+    """Model FLOPs of one pass over batches (forward and backward): 6 x the weights each real
+    token passes through, + attention's products. A source token passes through the encoder
+    and each decoder layer's cross-attention keys and values; a target token through the
+    decoder's other projections, its FFNs and the generator."""
     d, ff = cfg.d_model, cfg.dim_feedforward
-    enc = cfg.num_encoder_layers * (4 * d * d + 2 * d * ff)  # attention projections + FFN
-    dec = cfg.num_decoder_layers * (8 * d * d + 2 * d * ff)  # self + cross attention + FFN
-    gen = tgt_vocab_size * d
+    per_source = (cfg.num_encoder_layers * (4 * d * d + 2 * d * ff)  # attention + FFN
+                  + cfg.num_decoder_layers * 2 * d * d)  # cross-attention keys and values
+    per_target = (cfg.num_decoder_layers * (6 * d * d + 2 * d * ff)  # self: 4, cross: 2 d*d
+                  + tgt_vocab_size * d)  # the generator
     total = 0.0
     for src, tgt in batches:
         s, t = (src != PAD_ID).sum().item(), (tgt[:, 1:] != PAD_ID).sum().item()
         S, T = src.shape[1], tgt.shape[1] - 1
         # QK^T and AV: 2 matmuls x 2 FLOPs x 3 (forward + backward) = 12 per (query, key, dim).
         attn = 12 * d * (cfg.num_encoder_layers * s * S + cfg.num_decoder_layers * t * (T + S))
-        total += 6 * (enc * s + (dec + gen) * t) + attn
+        total += 6 * (per_source * s + per_target * t) + attn
     return total
 
 
-def make_step(model, device, graphs: bool = False):
-    """One Adam training step of `model` on a batch, as nmt train takes it: eagerly, or with
-    `graphs` (CUDA) replayed as a CUDA graph per batch shape (nmt.graphs)."""
+def make_step(model, device, graphs: bool = False, precision: str = "auto"):
+    """One Adam training step of `model` on a batch in `precision`, as nmt train takes it:
+    eagerly, or with `graphs` (CUDA) replayed as a CUDA graph per batch shape (nmt.graphs)."""
     if graphs:
-        return graphed_step(model, device)
+        return graphed_step(model, device, precision)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                            fused=device.type == "cuda")
 
     def step(src, tgt):
-        loss, n = token_loss(model, src, tgt, device)
+        loss, n = token_loss(model, src, tgt, device, precision=precision)
         opt.zero_grad(set_to_none=True)
         (loss / n).backward()
         opt.step()
@@ -79,10 +119,10 @@ def make_step(model, device, graphs: bool = False):
     return step
 
 
-def graphed_step(model, device):
+def graphed_step(model, device, precision: str):
     """make_step's step through nmt.graphs, with the capturable Adam nmt train uses there."""
     opt = capturable_adam(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, device)
-    updates = GraphedUpdates(update_body(model, opt, device), opt, device)
+    updates = GraphedUpdates(update_body(model, opt, device, precision=precision), opt, device)
     return lambda src, tgt: updates(src, tgt, float((tgt[:, 1:] != PAD_ID).sum()))
 
 
@@ -156,7 +196,9 @@ def bench(settings: dict, paths: Paths, budget: Budget) -> dict:
         runs = {name: decoder(m, test, device, dc) for name, m in models.items()}
         seconds, _ = interleaved(runs, budget.repeats, device)
         out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
-    out |= training_speed(models, timed, budget.repeats, device, cfg, len(tgt_codec))
+    precision = resolve_precision(settings["train"]["precision"], device)
+    out |= training_speed(models, timed, budget.repeats, device, cfg, len(tgt_codec),
+                          precision)
     for key in ("train", "greedy", "beam"):
         out[key]["ratio"] = round(out[key]["scratch"] / out[key]["baseline"], 3)
     print_table(out)
@@ -201,13 +243,14 @@ def twin_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, devi
 
 
 def training_speed(models: dict, timed: list, repeats: int, device, cfg: ModelConfig,
-                   tgt_vocab_size: int) -> dict:
-    """Training tokens/s, peak memory (CUDA) and MFU (CUDA) of each model on the timed batches:
-    on CUDA with its updates replayed as CUDA graphs, as nmt train runs them (eagerly, with a
-    warning, if a capture fails; `cuda_graphs` says which was timed)."""
+                   tgt_vocab_size: int, precision: str) -> dict:
+    """Training tokens/s, peak memory (CUDA) and MFU of each model on the timed batches in
+    `precision` (bf16 or fp32): on CUDA with its updates replayed as CUDA graphs, as nmt train
+    runs them (eagerly, with a warning, if a capture fails; `cuda_graphs` says which was
+    timed). MFU is of the peak of the precision trained in (peak_flops; none without one)."""
     graphs = device.type == "cuda"
     try:
-        seconds, peak = time_steps(models, timed, repeats, device, graphs)
+        seconds, peak = time_steps(models, timed, repeats, device, graphs, precision)
     except (torch.OutOfMemoryError, MemoryError):
         raise
     except Exception as error:  # noqa: BLE001 - the eager steps raise any model error again
@@ -215,19 +258,24 @@ def training_speed(models: dict, timed: list, repeats: int, device, cfg: ModelCo
             raise
         log.warning("a CUDA graph capture failed (%s): timing eager steps", error)
         graphs = False
-        seconds, peak = time_steps(models, timed, repeats, device, graphs)
+        seconds, peak = time_steps(models, timed, repeats, device, graphs, precision)
     tokens = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt in timed)
-    flops, top = train_flops(cfg, tgt_vocab_size, timed), peak_flops(device)
+    flops, peaks = train_flops(cfg, tgt_vocab_size, timed), peak_flops(device)
+    top = peaks.get(precision)
     return {"train": {name: round(tokens / s, 1) for name, s in seconds.items()},
+            "precision": precision,
             "peak_memory_mib": {n: round(p / 2**20) for n, p in peak.items()}
             if any(peak.values()) else {},
+            "train_gflops": {n: round(flops / s / 1e9, 3) for n, s in seconds.items()},
+            "peak_gflops": {p: round(f / 1e9, 1) for p, f in peaks.items()},
+            "peak_measured": device.type == "cpu",
             "mfu": {n: round(flops / s / top, 4) for n, s in seconds.items()} if top else {},
             "cuda_graphs": graphs}
 
 
-def time_steps(models: dict, timed: list, repeats: int, device, graphs: bool):
+def time_steps(models: dict, timed: list, repeats: int, device, graphs: bool, precision: str):
     """interleaved()'s seconds and peak memory of each model's training steps over `timed`."""
-    steps = {name: make_step(m.train(), device, graphs) for name, m in models.items()}
+    steps = {name: make_step(m.train(), device, graphs, precision) for name, m in models.items()}
     runs = {name: (lambda step=step: [step(src, tgt) for src, tgt in timed])
             for name, step in steps.items()}
     return interleaved(runs, repeats, device)
@@ -243,7 +291,18 @@ def print_table(out: dict) -> None:
         print(f"{label:26}{v['baseline']:>12,.1f}{v['scratch']:>12,.1f}{v['ratio']:>18.2f}")
     print("padding (an epoch's batches): " + ", ".join(
         f"{kind} {share:.1%}" for kind, share in out["padding"].items()))
-    for key, label in (("peak_memory_mib", "peak memory MiB"), ("mfu", "MFU (bf16 peak)")):
-        if out[key]:
-            v = out[key]
-            print(f"{label:26}{v['baseline']:>12}{v['scratch']:>12}")
+    print(f"{'train GFLOP/s (' + out['precision'] + ')':26}{out['train_gflops']['baseline']:>12}"
+          f"{out['train_gflops']['scratch']:>12}")
+    if out["mfu"]:
+        print(f"{'MFU':26}{out['mfu']['baseline']:>12.1%}{out['mfu']['scratch']:>12.1%}"
+              f"   of {mfu_peak(out)}")
+    if out["peak_memory_mib"]:
+        v = out["peak_memory_mib"]
+        print(f"{'peak memory MiB':26}{v['baseline']:>12}{v['scratch']:>12}")
+
+
+def mfu_peak(out: dict) -> str:
+    """What bench.json's MFU is a share of, in words."""
+    peak = out["peak_gflops"][out["precision"]]
+    kind = "measured matmul peak" if out["peak_measured"] else "data-sheet dense peak"
+    return f"the {kind} in {out['precision']}, {peak:,.1f} GFLOP/s"

@@ -481,8 +481,12 @@ def bench_lines(inp: Inputs) -> list[str]:
                   "training batches: " + ", ".join(
                       f"{kind} {share:.1%}" for kind, share in bench["padding"].items()) + ".", ""]
     if bench.get("mfu"):
-        lines += ["Model FLOPs utilisation in training (of the bf16 peak): " + ", ".join(
-            f"{m} {v:.1%}" for m, v in bench["mfu"].items()) + ".", ""]
+        precision = bench.get("precision", "bf16")
+        peak = bench.get("peak_gflops", {}).get(precision)
+        of = (f"of this machine's measured {precision} matmul peak, {peak:,.1f} GFLOP/s"
+              if bench.get("peak_measured") else f"of the GPU's dense {precision} peak")
+        lines += [f"Model FLOPs utilisation in training ({of}; steps in {precision}): " +
+                  ", ".join(f"{m} {v:.1%}" for m, v in bench["mfu"].items()) + ".", ""]
     if bench.get("peak_memory_mib"):
         lines += ["Peak GPU memory in training: " + ", ".join(
             f"{m} {v:,} MiB" for m, v in bench["peak_memory_mib"].items()) + ".", ""]
