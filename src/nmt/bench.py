@@ -4,12 +4,12 @@ Both models hold the same weights (through the state-dict mapping), so they do t
 Training: the same batches through both models (Adam steps), in target tokens per second.
 Decoding: the same test sentences, greedy and beam search, in sentences per second. Each
 figure is the median of several repeats that alternate between the models, after an untimed
-warm-up pass. Ratios are scratch / baseline: > 1 means the scratch model is faster. The
-training steps run in the recipe's train.precision, as nmt train runs them. Model FLOPs
-utilisation (MFU) is the steps' model FLOPs a second over a peak: on CUDA the GPU's dense bf16
-peak from its data sheet; on the CPU the machine's own, measured by a short calibration (the
-fastest of a few large matrix products, in fp32 and in bf16). On CUDA it also reports peak
-memory.
+warm-up pass. Ratios are scratch / baseline: > 1 means the scratch model is faster. Training
+steps and decoding run in the recipe's train.precision, as nmt train and evaluate run them.
+Model FLOPs utilisation (MFU) is the steps' model FLOPs a second over a peak: on CUDA the GPU's
+dense bf16 peak from its data sheet; on the CPU the machine's own, measured by a short
+calibration (the fastest of a few large matrix products, in fp32 and in bf16). On CUDA it also
+reports peak memory.
 """
 
 from __future__ import annotations
@@ -126,11 +126,12 @@ def graphed_step(model, device, precision: str):
     return lambda src, tgt: updates(src, tgt, float((tgt[:, 1:] != PAD_ID).sum()))
 
 
-def decoder(model, sources, device, dc: DecodeConfig):
-    """A function that decodes every source once, batched as nmt evaluate does."""
+def decoder(model, sources, device, dc: DecodeConfig, precision: str = "auto"):
+    """A function that decodes every source once, batched as nmt evaluate does, in
+    `precision` (evaluate decodes in the precision the model was trained in)."""
 
     def decode():
-        with autocast(device):
+        with autocast(device, precision):
             translate_batches(model, sources, dc, progress=False)
 
     return decode
@@ -190,13 +191,13 @@ def bench(settings: dict, paths: Paths, budget: Budget) -> dict:
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "recipe": budget.recipe, "testset": testset, "steps": len(timed),
            "sentences": len(test), "padding": padding}
+    precision = resolve_precision(settings["train"]["precision"], device)
     # Decoding first, from the shared untrained weights: every sentence runs to its limit.
     for method in ("greedy", "beam"):
         dc = DecodeConfig.from_params(settings["evaluate"], method, cfg.max_len - 1)
-        runs = {name: decoder(m, test, device, dc) for name, m in models.items()}
+        runs = {name: decoder(m, test, device, dc, precision) for name, m in models.items()}
         seconds, _ = interleaved(runs, budget.repeats, device)
         out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
-    precision = resolve_precision(settings["train"]["precision"], device)
     out |= training_speed(models, timed, budget.repeats, device, cfg, len(tgt_codec),
                           precision)
     for key in ("train", "greedy", "beam"):
