@@ -163,6 +163,26 @@ def test_scratch_equals_baseline(fastpath):
         torch.backends.mha.set_fastpath_enabled(before)
 
 
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_inference_under_the_cpus_bf16_autocast(name):
+    """Every model scores and decodes without gradients under bf16 autocast on the CPU, as
+    evaluate and train's greedy validation run a bf16-trained model, close to fp32. torch's
+    encoder fast path checks only CUDA's autocast: the baseline took it under the CPU's and
+    failed ("expected scalar type Float but found BFloat16")."""
+    model = model_named(name, torch.float32)
+    src, tgt = padded_batch()
+    encode = (lambda: model.encode(src)) if name in ENCODER_DECODERS else (lambda: None)
+    with torch.no_grad():
+        logits, memory = model(src, tgt), encode()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits_bf16, memory_bf16 = model(src, tgt), encode()
+    assert logits_bf16.dtype == torch.bfloat16  # the generator's product ran in bf16
+    torch.testing.assert_close(logits_bf16.float(), logits, rtol=0, atol=0.1)
+    if memory is not None:  # at the real positions (fp32's fast path zeroes padded ones)
+        real = src != PAD
+        torch.testing.assert_close(memory_bf16.float()[real], memory[real], rtol=0, atol=0.1)
+
+
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_decode_step_equals_forward(name, dtype, atol):

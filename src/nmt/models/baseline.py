@@ -24,6 +24,15 @@ def plain_path():
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
+def plain_under_autocast(device: torch.device):
+    """plain_path() while autocast is on for `device`, else nothing. torch's encoder fast path
+    steps aside only for CUDA's autocast (torch.is_autocast_enabled() asks about CUDA): under
+    the CPU's bf16 autocast it ran its fused kernel on bf16 inputs with fp32 weights and
+    failed ("expected scalar type Float but found BFloat16")."""
+    on = torch.is_autocast_enabled(torch.device(device).type)
+    return plain_path() if on else contextlib.nullcontext()
+
+
 class TokenEmbedding(nn.Module):
     """Token embedding scaled by sqrt(d_model)."""
 
@@ -119,17 +128,19 @@ class BaselineTransformer(nn.Module):
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
         src_pad = src == self.pad_id  # (B, S) True at padding, nn.Transformer's convention
-        out = self.transformer(
-            self.embed_src(src), self.embed_tgt(tgt_in),
-            tgt_mask=self.causal_mask(tgt_in.size(1), tgt_in.device),
-            src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_in == self.pad_id,
-            memory_key_padding_mask=src_pad, tgt_is_causal=True)
+        with plain_under_autocast(src.device):
+            out = self.transformer(
+                self.embed_src(src), self.embed_tgt(tgt_in),
+                tgt_mask=self.causal_mask(tgt_in.size(1), tgt_in.device),
+                src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_in == self.pad_id,
+                memory_key_padding_mask=src_pad, tgt_is_causal=True)
         return self.generator(out)
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:
         """src (B, S) -> memory (B, S, D)."""
-        return self.transformer.encoder(self.embed_src(src),
-                                        src_key_padding_mask=src == self.pad_id)
+        with plain_under_autocast(src.device):
+            return self.transformer.encoder(self.embed_src(src),
+                                            src_key_padding_mask=src == self.pad_id)
 
     def decoder_output(self, tgt_in, memory, src) -> torch.Tensor:
         """Final decoder states (B, T, D)."""
