@@ -295,8 +295,9 @@ def print_table(out: dict) -> None:
         print(f"{label:26}{v['baseline']:>12,.1f}{v['scratch']:>12,.1f}{v['ratio']:>18.2f}")
     print("padding (an epoch's batches): " + ", ".join(
         f"{kind} {share:.1%}" for kind, share in out["padding"].items()))
-    print(f"{'train GFLOP/s (' + out['precision'] + ')':26}{out['train_gflops']['baseline']:>12}"
-          f"{out['train_gflops']['scratch']:>12}")
+    gflops = out["train_gflops"]
+    print(f"{'train GFLOP/s (' + out['precision'] + ')':26}{gflops['baseline']:>12,.1f}"
+          f"{gflops['scratch']:>12,.1f}")
     if out["mfu"]:
         print(f"{'MFU':26}{out['mfu']['baseline']:>12.1%}{out['mfu']['scratch']:>12.1%}"
               f"   of {mfu_peak(out)}")
