@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from nmt.runs import Run
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -51,8 +53,7 @@ def train(args, precision: str, seed: int) -> dict:
                     str(REPO / "data" / "tokenized"), "--vocab",
                     str(REPO / "data" / "vocab" / args.recipe), "--results", str(results)],
                    cwd=REPO, check=True)
-    run = f"{args.recipe}-{args.model}-s{seed}"
-    summary = json.loads((results / run / "train.json").read_text())
+    summary = json.loads(Run(args.recipe, args.model, seed).files(results).summary.read_text())
     return {"precision": summary.get("precision", precision), "seed": seed,
             "valid_loss": summary["best_valid_loss"], "valid_bleu": summary["valid_bleu_greedy"],
             "updates": summary["updates"], "minutes": summary["train_minutes"],
