@@ -4,6 +4,7 @@ import json
 
 from conftest import edit_params
 from nmt.cli import main
+from nmt.runtime import native_bf16_cpu
 
 
 def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys):
@@ -23,12 +24,15 @@ def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys
         assert figures["baseline"] > 0 and figures["scratch"] > 0
         assert abs(figures["ratio"] - figures["scratch"] / figures["baseline"]) < 0.01
     # MFU on the CPU: the steps' FLOP/s over the measured matmul peak of the precision they ran
-    # in (params' train.precision auto, which is fp32 on a CPU).
-    assert result["precision"] == "fp32" and result["peak_measured"] is True
+    # in: params' train.precision auto, bf16 on a CPU with native bf16, else fp32. Decoding
+    # under auto: fp32 on any CPU.
+    trained_in = "bf16" if native_bf16_cpu() else "fp32"
+    assert result["precision"] == trained_in and result["peak_measured"] is True
+    assert result["decode_precision"] == "fp32"
     assert set(result["peak_gflops"]) == {"fp32", "bf16"} and min(
         result["peak_gflops"].values()) > 0
     for model in ("baseline", "scratch"):
-        mfu = result["train_gflops"][model] / result["peak_gflops"]["fp32"]  # both rounded
+        mfu = result["train_gflops"][model] / result["peak_gflops"][trained_in]  # both rounded
         assert 0 < result["mfu"][model] < 1
         assert abs(result["mfu"][model] - mfu) < 0.02 * mfu + 1e-4
     assert result["peak_memory_mib"] == {}  # a CUDA figure
@@ -37,8 +41,9 @@ def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys
     assert 0 < result["padding"]["bucketed"] < result["padding"]["random"] / 3
     table = capsys.readouterr().out
     assert "scratch/baseline" in table and "beam sentences/s" in table
+    assert "10 sentences decoded in fp32" in table
     assert f"random {result['padding']['random']:.1%}, bucketed" in table
-    assert "of the measured matmul peak in fp32" in table
+    assert f"of the measured matmul peak in {trained_in}" in table
 
 
 

@@ -27,13 +27,13 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from nmt import cli
+from nmt import cli, runtime
 from nmt.data import Batches, load_pairs, pad, padded_length
 from nmt.evaluate import Paths as EvalPaths
 from nmt.evaluate import evaluate
 from nmt.models import ModelConfig, build_model
 from nmt.runs import Run
-from nmt.runtime import cpu_features, resolve_compile, token_loss
+from nmt.runtime import cpu_features, resolve_compile, resolve_precision, token_loss
 from nmt.train import compiled, train
 from nmt.vocab import PAD_ID, load_codecs
 from train_helpers import (
@@ -168,17 +168,35 @@ def test_bf16_training_is_finite_and_close_to_fp32(data, tmp_path, capsys):
               f"{bf16['seconds_per_epoch']} vs {fp32['seconds_per_epoch']}")
 
 
+# /proc/cpuinfo of three CPUs: a Sapphire Rapids Xeon (AVX512-BF16 and AMX), an AVX2 laptop,
+# an ARM board (no `flags` line; its bf16 is not one torch's CPU autocast uses natively here).
+XEON = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu sse2 "
+        "avx2 avx512f avx512_bf16 amx_bf16 amx_tile\nbugs\t\t: spectre_v1\n")
+LAPTOP = "model name\t: AMD Ryzen 5 3600\nflags\t\t: fpu sse2 avx avx2 fma\n"
+ARM = "processor\t: 0\nFeatures\t: fp asimd bf16\nCPU implementer\t: 0x41\n"
+
+
 def test_the_cpu_report_names_its_native_bf16_instructions():
     """train.json on a CPU carries torch's vector kind and the bf16 instructions /proc/cpuinfo
-    lists: a Sapphire Rapids Xeon has both, an AVX2 laptop none, an ARM board (no `flags`
-    line) none."""
-    xeon = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu sse2 "
-            "avx2 avx512f avx512_bf16 amx_bf16 amx_tile\nbugs\t\t: spectre_v1\n")
-    laptop = "model name\t: AMD Ryzen 5 3600\nflags\t\t: fpu sse2 avx avx2 fma\n"
-    arm = "processor\t: 0\nFeatures\t: fp asimd bf16\nCPU implementer\t: 0x41\n"
-    assert cpu_features(xeon)["cpu_bf16"] == ["avx512_bf16", "amx_bf16"]
-    assert cpu_features(laptop)["cpu_bf16"] == [] == cpu_features(arm)["cpu_bf16"]
-    assert cpu_features(laptop)["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    lists: the Xeon has both, the laptop and the ARM board none."""
+    assert cpu_features(XEON)["cpu_bf16"] == ["avx512_bf16", "amx_bf16"]
+    assert cpu_features(LAPTOP)["cpu_bf16"] == [] == cpu_features(ARM)["cpu_bf16"]
+    assert cpu_features(LAPTOP)["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+@pytest.mark.parametrize(("cpuinfo", "trains_in"), [(XEON, "bf16"), (LAPTOP, "fp32"),
+                                                    (ARM, "fp32")])
+def test_auto_precision_trains_in_bf16_where_the_cpu_has_it(monkeypatch, cpuinfo, trains_in):
+    """train.precision `auto` on a CPU: bf16 where /proc/cpuinfo lists native bf16, else fp32;
+    decoding (evaluate, train's greedy validation, bench) stays fp32 under `auto` on any CPU.
+    bf16 and fp32 are taken as given, for training and decoding alike."""
+    monkeypatch.setattr(runtime, "proc_cpuinfo", lambda: cpuinfo)
+    cpu = torch.device("cpu")
+    assert runtime.native_bf16_cpu() is (trains_in == "bf16")
+    assert resolve_precision("auto", cpu) == trains_in
+    assert resolve_precision("auto", cpu, decoding=True) == "fp32"
+    for given in ("bf16", "fp32"):
+        assert resolve_precision(given, cpu) == given == resolve_precision(given, cpu, True)
 
 
 def test_compile_auto_compiles_nowhere():

@@ -5,7 +5,8 @@ Training: the same batches through both models (Adam steps), in target tokens pe
 Decoding: the same test sentences, greedy and beam search, in sentences per second. Each
 figure is the median of several repeats that alternate between the models, after an untimed
 warm-up pass. Ratios are scratch / baseline: > 1 means the scratch model is faster. Training
-steps and decoding run in the recipe's train.precision, as nmt train and evaluate run them.
+steps and decoding run in the recipe's train.precision as nmt train and evaluate resolve it
+(decoding on a CPU: fp32 under `auto`).
 Model FLOPs utilisation (MFU) is the steps' model FLOPs a second over a peak: on CUDA the GPU's
 dense bf16 peak from its data sheet; on the CPU the machine's own, measured by a short
 calibration (the fastest of a few large matrix products, in fp32 and in bf16). On CUDA it also
@@ -103,7 +104,7 @@ def train_flops(cfg: ModelConfig, tgt_vocab_size: int, batches) -> float:
     return total
 
 
-def make_step(model, device, graphs: bool = False, precision: str = "auto"):
+def make_step(model, device, graphs: bool = False, precision: str = "fp32"):
     """One Adam training step of `model` on a batch in `precision`, as nmt train takes it:
     eagerly, or with `graphs` (CUDA) replayed as a CUDA graph per batch shape (nmt.graphs)."""
     if graphs:
@@ -127,9 +128,9 @@ def graphed_step(model, device, precision: str):
     return lambda src, tgt: updates(src, tgt, float((tgt[:, 1:] != PAD_ID).sum()))
 
 
-def decoder(model, sources, device, dc: DecodeConfig, precision: str = "auto"):
+def decoder(model, sources, device, dc: DecodeConfig, precision: str = "fp32"):
     """A function that decodes every source once, batched as nmt evaluate does, in
-    `precision` (evaluate decodes in the precision the model was trained in)."""
+    `precision` (as evaluate decodes: resolve_precision(..., decoding=True))."""
 
     def decode():
         with autocast(device, precision):
@@ -193,10 +194,12 @@ def bench(settings: dict, paths: Paths, budget: Budget) -> dict:
            "recipe": budget.recipe, "testset": testset, "steps": len(timed),
            "sentences": len(test), "padding": padding}
     precision = resolve_precision(settings["train"]["precision"], device)
+    decoding = resolve_precision(settings["train"]["precision"], device, decoding=True)
+    out["decode_precision"] = decoding
     # Decoding first, from the shared untrained weights: every sentence runs to its limit.
     for method in ("greedy", "beam"):
         dc = DecodeConfig.from_params(settings["evaluate"], method, cfg.max_len - 1)
-        runs = {name: decoder(m, test, device, dc, precision) for name, m in models.items()}
+        runs = {name: decoder(m, test, device, dc, decoding) for name, m in models.items()}
         seconds, _ = interleaved(runs, budget.repeats, device)
         out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
     out |= training_speed(models, timed, budget.repeats, device, cfg, len(tgt_codec),
@@ -287,7 +290,7 @@ def time_steps(models: dict, timed: list, repeats: int, device, graphs: bool, pr
 
 def print_table(out: dict) -> None:
     print(f"\nnmt bench: {out['device']}, recipe {out['recipe']}, {out['steps']} training steps, "
-          f"{out['sentences']} sentences decoded")
+          f"{out['sentences']} sentences decoded in {out['decode_precision']}")
     print(f"{'':26}{'baseline':>12}{'scratch':>12}{'scratch/baseline':>18}")
     for key, label in (("train", "train tokens/s"), ("greedy", "greedy sentences/s"),
                        ("beam", "beam sentences/s")):

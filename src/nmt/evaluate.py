@@ -85,7 +85,7 @@ def score_testset(model, pairs, references: list[str], tgt_codec, ev: dict, cap:
 
 
 @torch.inference_mode()
-def sentence_losses(model, batches, device, precision: str = "auto") -> tuple[list[float],
+def sentence_losses(model, batches, device, precision: str = "fp32") -> tuple[list[float],
                                                                              list[int]]:
     """Summed cross-entropy (nats) and target tokens of every sentence, in order."""
     model.eval()
@@ -108,11 +108,12 @@ def evaluate(settings: dict, paths: Paths) -> dict:
     """Stage evaluate: score the run's best.pt on every test set; write metrics.json (numbers
     people compare), evaluation.json (what produced them), translations/ and attention.json.
     settings: the resolved recipe (evaluate, data.target_lang; model and train, which best.pt
-    must have been trained with; a model is scored in the train.precision it was trained in)."""
+    must have been trained with). The loss and the decoding run in train.precision resolved
+    for decoding: `auto` is fp32 on a CPU, where bf16 decoded slower (resolve_precision)."""
     run, files = Run.parse(paths.run.folder.name), paths.run
     device = pick_device(settings["train"]["device"])
     bound_gpu_memory(device)
-    precision = resolve_precision(settings["train"]["precision"], device)
+    precision = resolve_precision(settings["train"]["precision"], device, decoding=True)
     model, ckpt = load(files.best, device, expect=run, settings=settings)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)

@@ -52,7 +52,7 @@ def capturable_adam(params, lr: float, betas: tuple[float, float], eps: float,
 
 
 def update_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-                *, precision: str = "auto", label_smoothing: float = 0.0, clip: float = 0.0):
+                *, precision: str = "fp32", label_smoothing: float = 0.0, clip: float = 0.0):
     """One whole update on device tensors, as GraphedUpdates captures it: the loss of
     (src, tgt) divided by `total`, backward, clipping to `clip` (0: none), the optimizer's
     step; the gradients were set to None before it. Returns the batch's summed token loss."""

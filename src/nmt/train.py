@@ -84,7 +84,7 @@ class TrainConfig:
     average_last: int  # 0: off; else also validate the mean of the last N epochs' weights
     patience: int  # 0: every epoch; else stop after N epochs without a better valid loss
     device: str  # auto (CUDA when present), cpu, cuda[:N]
-    precision: str  # auto (bf16 on CUDA, fp32 on CPU), bf16 (autocast), fp32
+    precision: str  # auto (bf16 where the device has it natively), bf16 (autocast), fp32
     compile: bool | str  # auto (off: it cost more than it saved), true, false: torch.compile
     cuda_graphs: bool | str  # auto (CUDA, eager, 1 process, accumulate 1), false: nmt.graphs
     pad_multiple: int  # batch lengths padded up to a multiple of this (1: off)
@@ -847,7 +847,8 @@ def valid_bleu(trainer: Trainer) -> float | None:
 
     model, codec = trainer.model.eval(), trainer.tgt_codec
     decoding = DecodeConfig("greedy", cap=trainer.checkpoint_meta["cfg"].max_len - 1)
-    with torch.inference_mode(), autocast(trainer.device, trainer.precision):
+    precision = resolve_precision(trainer.config.precision, trainer.device, decoding=True)
+    with torch.inference_mode(), autocast(trainer.device, precision):  # as evaluate decodes
         ids = translate_batches(model, trainer.valid_batches.pairs, decoding,
                                 desc="valid greedy", progress=trainer.world.main)
     hypotheses = [codec.decode(h) for h in ids]
