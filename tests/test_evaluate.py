@@ -90,6 +90,7 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
         "run": f"published-{name}-s0", "recipe": "published", "model": name, "seed": 0}
     assert about["params"] == sum(p.numel() for p in load(run_dir / "best.pt")[0].parameters())
     assert "tok:13a" in about["signature"]["bleu"] and set(about["signature"]) == {"bleu", "chrf"}
+    assert about["unknown_words"] == "copy"
     for testset, m in metrics.items():
         assert set(m) == {"loss", "ppl", "bleu", "bleu_greedy", "chrf", "chrf_greedy"}
         assert all(isinstance(v, float) for v in m.values())
@@ -101,6 +102,9 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
             assert len(hyps) == N_TEST
             # The saved translations reproduce the score: nothing else went into it.
             assert sacrebleu.corpus_bleu(hyps, [refs]).score == pytest.approx(m[key])
+            # Each <unk> was counted and copied from the source (evaluate.unknown_words: copy).
+            assert about["testsets"][testset][f"unknowns_{method}"] >= 0
+            assert not any("<unk>" in h for h in hyps)
         # Per-sentence losses add up to the corpus loss (the report's bootstrap resamples them).
         rows = [line.split("\t") for line in
                 read_lines(run_dir / "translations" / f"{testset}.loss.tsv")]
@@ -118,6 +122,7 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
 @pytest.mark.parametrize("kind,name", [("word", "baseline"), ("bpe", "scratch")])
 def test_translate_cli_handles_empty_long_and_unknown_input(prepared, tmp_path, capsys, caplog,
                                                             kind, name):
+    caplog.set_level("INFO", logger="nmt.translate")
     # The vocabulary folder is looked up as --vocab / the checkpoint's recipe.
     save_run(tmp_path / "results" / f"{kind}-{name}-s0", name, kind, prepared["word"].parent / kind)
     unknown = "Ein Zzyzxqwv springt."
@@ -133,6 +138,7 @@ def test_translate_cli_handles_empty_long_and_unknown_input(prepared, tmp_path, 
     assert len(lines) == 5 and lines[1] == "" and lines[4] == ""
     # A warning (on stderr under the CLI's logging; pytest captures it here).
     assert "line 3: " in caplog.text and "cut to the model's limit of 46" in caplog.text
+    assert "unknown words: copy" in caplog.text  # which way an <unk> is shown
 
     (tmp_path / "in.txt").write_text(f"Ein Mann fährt Fahrrad.\n\n{unknown}\n", "utf-8")
     assert main(base + ["--file", str(tmp_path / "in.txt")]) == 0

@@ -132,19 +132,21 @@ def read_side(path: Path, codec, max_len: int) -> Sentences:
 def load_pairs(tokenized_dir: Path, split: str, src_codec, tgt_codec, max_len: int) -> Pairs:
     """(source ids, target ids) of one split, each wrapped in <bos> ... <eos>, cut to max_len.
     Word vocabularies read the .tok files, BPE the raw .txt files."""
-    tokenized_dir = Path(tokenized_dir)
-
-    def path(codec) -> Path:
-        if codec.kind == "word":
-            return token_file(tokenized_dir, split, codec.lang)
-        return tokenized_dir / f"{split}.{codec.lang}.txt"
-
-    src_path, tgt_path = path(src_codec), path(tgt_codec)
+    src_path, tgt_path = side_file(tokenized_dir, split, src_codec), side_file(
+        tokenized_dir, split, tgt_codec)
     src_lines, tgt_lines = count_lines(src_path), count_lines(tgt_path)  # before the long work
     if src_lines != tgt_lines:
         raise NmtError(f"{src_path} has {src_lines} lines but {tgt_path} has {tgt_lines}: the "
                        f"{split} split is not aligned (fix: re-run nmt tokenize)")
     return Pairs(read_side(src_path, src_codec, max_len), read_side(tgt_path, tgt_codec, max_len))
+
+
+def side_file(tokenized_dir: Path, split: str, codec) -> Path:
+    """The file one side of a split is read from: word vocabularies read the .tok files, BPE
+    the raw .txt files."""
+    if codec.kind == "word":
+        return token_file(tokenized_dir, split, codec.lang)
+    return Path(tokenized_dir) / f"{split}.{codec.lang}.txt"
 
 
 def padded_length(longest: int, multiple: int = 1, limit: int = 0) -> int:

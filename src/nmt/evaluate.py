@@ -16,13 +16,14 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 
 from nmt.checkpoint import check_vocab, load
-from nmt.data import Batches, load_pairs
+from nmt.data import Batches, Pairs, load_pairs
 from nmt.errors import NmtError, last_outputs
 from nmt.files import atomic_dir, write_json
 from nmt.runs import Run, RunFiles
 from nmt.runtime import autocast, bound_gpu_memory, pick_device, resolve_precision, token_loss
 from nmt.search import DecodeConfig, translate_batches
 from nmt.text import read_lines
+from nmt.unknowns import detokenize_outputs, source_surfaces
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, load_codecs
 
 log = logging.getLogger("nmt.evaluate")
@@ -44,44 +45,68 @@ def signatures() -> dict:
 
 
 @torch.inference_mode()
-def attention_example(model, src_ids: list[int], out_ids: list[int], src_codec,
-                      tgt_codec) -> dict:
+def attention_example(model, src_ids: list[int], out_ids: list[int], translation: str,
+                      codecs: tuple) -> dict:
     """Cross-attention of the last decoder layer (mean of heads) while producing out_ids."""
+    src_codec, tgt_codec = codecs
     src = torch.tensor([src_ids], device=next(model.parameters()).device)
     tgt_in = torch.tensor([[BOS_ID, *out_ids]], device=src.device)
     # scratch reads its explicit math path; the baseline asks nn.MultiheadAttention.
     weights = model.attention_maps(src, tgt_in)["decoder_cross"][-1][0].mean(0)  # (T, S)
     return {"what": "last decoder layer, cross-attention, mean of heads",
             "source": src_codec.pieces(src_ids), "output": tgt_codec.pieces(out_ids + [EOS_ID]),
-            "translation": tgt_codec.decode(out_ids),
+            "translation": translation,
             "weights": [[round(w, 4) for w in row] for row in weights.cpu().tolist()]}
 
 
-def score_testset(model, pairs, references: list[str], tgt_codec, ev: dict, cap: int,
-                  out: Path, testset: str, precision: str) -> tuple[dict, dict, list[list[int]]]:
+@dataclass(frozen=True)
+class TestSet:
+    """One test set as evaluate reads it."""
+
+    name: str
+    pairs: Pairs  # (source ids, reference ids), each <bos> ... <eos>
+    references: list[str]  # the raw reference lines BLEU is computed against
+    surfaces: list[list[str]]  # each source as written, token by token (nmt.unknowns)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One decoding of a test set: the output ids, their text, and its <unk> count."""
+
+    ids: list[list[int]]
+    lines: list[str]
+    unknowns: int
+
+
+def score_testset(model, testset: TestSet, tgt_codec, ev: dict, cap: int, out: Path,
+                  precision: str) -> tuple[dict, dict, Decoded]:
     """Loss, greedy and beam scores of one test set under `precision` (bf16 or fp32); writes
-    its translations and the per-sentence losses (for the report's paired bootstrap).
-    (metrics, timings, beam ids)"""
+    its translations (each <unk> copied from the source or marked: evaluate.unknown_words)
+    and the per-sentence losses (for the report's paired bootstrap).
+    (metrics, timings with the <unk> counts, the beam decoding)"""
     device = next(model.parameters()).device
-    batches = Batches(pairs, "sentences", ev["batch_size"], 0, shuffle=False)
+    batches = Batches(testset.pairs, "sentences", ev["batch_size"], 0, shuffle=False)
     losses, tokens = sentence_losses(model, batches, device, precision)
     loss = sum(losses) / sum(tokens)
-    (out / f"{testset}.loss.tsv").write_text(
+    (out / f"{testset.name}.loss.tsv").write_text(
         "".join(f"{x!r}\t{n}\n" for x, n in zip(losses, tokens, strict=True)), "utf-8")
-    metrics, timings = {"loss": loss, "ppl": math.exp(loss)}, {"sentences": len(pairs)}
+    metrics, timings = {"loss": loss, "ppl": math.exp(loss)}, {"sentences": len(testset.pairs)}
+    sources = [pair[0] for pair in testset.pairs]
     for method in ("greedy", "beam"):
         start = time.perf_counter()
         with autocast(device, precision):  # search scores in float32 (log_softmax of .float())
-            ids = translate_batches(model, pairs, DecodeConfig.from_params(ev, method, cap),
-                                    desc=f"{testset} {method}")
+            ids = translate_batches(model, sources, DecodeConfig.from_params(ev, method, cap),
+                                    desc=f"{testset.name} {method}")
         timings[f"seconds_{method}"] = round(time.perf_counter() - start, 3)
-        hypotheses = [tgt_codec.decode(h) for h in ids]
-        (out / f"{testset}.{method}.txt").write_text(
-            "".join(h + "\n" for h in hypotheses), "utf-8")
-        s = score(hypotheses, references)
+        text = detokenize_outputs(model, sources, testset.surfaces, ids, tgt_codec,
+                                  ev["unknown_words"])
+        timings[f"unknowns_{method}"] = text.unknowns
+        (out / f"{testset.name}.{method}.txt").write_text(
+            "".join(h + "\n" for h in text.lines), "utf-8")
+        s = score(text.lines, testset.references)
         suffix = "" if method == "beam" else "_greedy"
         metrics |= {f"bleu{suffix}": s["bleu"], f"chrf{suffix}": s["chrf"]}
-    return metrics, timings, ids
+    return metrics, timings, Decoded(ids, text.lines, text.unknowns)
 
 
 @torch.inference_mode()
@@ -131,6 +156,7 @@ def evaluate(settings: dict, paths: Paths) -> dict:
         write_json(files.evaluation, {
             "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
             "params": n_params, "device": str(device), "precision": precision,
+            "unknown_words": settings["evaluate"]["unknown_words"],
             "signature": signatures(), "testsets": timings})
         write_json(files.metrics, metrics)
     log.info("wrote %s and evaluation.json", files.metrics)
@@ -141,24 +167,34 @@ def score_testsets(model, codecs: tuple, settings: dict, tokenized: Path, max_le
                    out: Path, precision: str) -> tuple[dict, dict, dict]:
     """score_testset for each of evaluate.testsets, and the attention example from the first:
     (metrics, timings, attention), both dicts by test set."""
-    (src_codec, tgt_codec), ev = codecs, settings["evaluate"]
+    tgt_codec, ev = codecs[1], settings["evaluate"]
     tgt_lang = settings["data"]["target_lang"]
     metrics, timings, attention = {}, {}, None
-    for testset in ev["testsets"]:
-        pairs = load_pairs(tokenized, testset, src_codec, tgt_codec, max_len)
-        ref_path = tokenized / f"{testset}.{tgt_lang}.txt"
-        references = read_lines(ref_path)
-        if len(references) != len(pairs):
-            raise NmtError(f"{ref_path}: {len(references)} references for {len(pairs)} "
-                           "sources (fix: re-run `nmt tokenize`)")
-        log.info("read %s: %d sentences", testset, len(pairs))
-        m, timings[testset], ids = score_testset(model, pairs, references, tgt_codec, ev,
-                                                 max_len - 1, out, testset, precision)
-        metrics[testset] = m
-        if testset == ev["testsets"][0]:  # the report draws this sentence's attention
-            i = min(ev["attention_example"], len(pairs) - 1)
+    for name in ev["testsets"]:
+        testset = read_testset(tokenized, name, codecs, tgt_lang, max_len)
+        log.info("read %s: %d sentences", name, len(testset.pairs))
+        m, timings[name], beam = score_testset(model, testset, tgt_codec, ev, max_len - 1, out,
+                                               precision)
+        metrics[name] = m
+        if name == ev["testsets"][0]:  # the report draws this sentence's attention
+            i = min(ev["attention_example"], len(testset.pairs) - 1)
             with autocast(next(model.parameters()).device, precision):
-                attention = attention_example(model, pairs[i][0], ids[i], src_codec, tgt_codec)
-        log.info("%s: loss %.4f, ppl %.2f, BLEU %.2f (greedy %.2f), chrF %.2f", testset,
-                 m["loss"], m["ppl"], m["bleu"], m["bleu_greedy"], m["chrf"])
+                attention = attention_example(model, testset.pairs[i][0], beam.ids[i],
+                                              beam.lines[i], codecs)
+        log.info("%s: loss %.4f, ppl %.2f, BLEU %.2f (greedy %.2f), chrF %.2f; %d <unk> in "
+                 "the beam output (%s)", name, m["loss"], m["ppl"], m["bleu"],
+                 m["bleu_greedy"], m["chrf"], beam.unknowns, ev["unknown_words"])
     return metrics, timings, attention
+
+
+def read_testset(tokenized: Path, name: str, codecs: tuple, tgt_lang: str,
+                 max_len: int) -> TestSet:
+    """A test set's pairs, raw references and written sources, checked to line up."""
+    src_codec, tgt_codec = codecs
+    pairs = load_pairs(tokenized, name, src_codec, tgt_codec, max_len)
+    ref_path = tokenized / f"{name}.{tgt_lang}.txt"
+    references = read_lines(ref_path)
+    if len(references) != len(pairs):
+        raise NmtError(f"{ref_path}: {len(references)} references for {len(pairs)} "
+                       "sources (fix: re-run `nmt tokenize`)")
+    return TestSet(name, pairs, references, source_surfaces(tokenized, name, src_codec))

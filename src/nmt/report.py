@@ -314,7 +314,28 @@ def results_section(inp: Inputs) -> list[str]:
               "detokenized cased sacreBLEU; `chrF` uses the beam output.", ""]
     sig = next(iter(inp.runs.values()))["evaluation"]["signature"]
     lines += [f"sacreBLEU signatures: BLEU `{sig['bleu']}`, chrF `{sig['chrf']}`.", ""]
-    return lines
+    return lines + unknown_words_lines(inp)
+
+
+UNKNOWN_WORDS = {
+    "copy": "copied from the source token the cross-attention weighted most when it was "
+            "produced (`evaluate.unknown_words: copy`, `nmt.unknowns`)",
+    "mark": "kept as a visible `<unk>` (`evaluate.unknown_words: mark`)",
+    None: "dropped (these runs were evaluated before `nmt.unknowns` existed)"}
+
+
+def unknown_words_lines(inp: Inputs) -> list[str]:
+    """What the translations did with the words their vocabulary lacks, and how many <unk>
+    each run's beam output of the first test set held."""
+    testset = inp.testsets[0]
+    modes = sorted({r["evaluation"].get("unknown_words") for r in inp.runs.values()},
+                   key=str)
+    counts = ", ".join(f"{run.name} {r['evaluation']['testsets'][testset]['unknowns_beam']}"
+                       for run, r in inp.runs.items()
+                       if "unknowns_beam" in r["evaluation"]["testsets"][testset])
+    held = f" The beam outputs of {testset} held, by run: {counts}." if counts else ""
+    return [f"Words the vocabulary lacks (`<unk>` in an output): "
+            f"{'; '.join(UNKNOWN_WORDS[m] for m in modes)}.{held}", ""]
 
 
 def statistics_section(inp: Inputs) -> list[str]:

@@ -21,6 +21,7 @@ from nmt.runs import Run
 from nmt.runtime import pick_device
 from nmt.search import DecodeConfig, translate_batches
 from nmt.text import tokenize_lines
+from nmt.unknowns import detokenize_outputs
 from nmt.vocab import BOS_ID, EOS_ID, load_codecs
 
 log = logging.getLogger("nmt.translate")
@@ -102,22 +103,33 @@ def checkpoint_path(args) -> tuple[Path, Run | None]:
     return path, run
 
 
-def encode_lines(lines: list[str], src_codec, max_len: int) -> list[list[int] | None]:
-    """<bos> ids <eos> per line, None for an empty line; over-long lines are cut with a warning."""
+@dataclass(frozen=True)
+class Source:
+    """One input line as the model reads it."""
+
+    ids: list[int]  # <bos> ids <eos>
+    surfaces: list[str]  # each id's token as written (an unknown word keeps its own)
+
+
+def encode_lines(lines: list[str], src_codec, max_len: int) -> list[Source | None]:
+    """Each line as a Source, None for an empty line; over-long lines are cut with a warning."""
     texts = [line.strip() for line in lines]
     nonempty = [t for t in texts if t]
-    # Word vocabularies hold spaCy tokens; SentencePiece reads raw text.
-    if src_codec.kind == "word":
-        nonempty = tokenize_lines(nonempty, src_codec.lang, progress=False)
-    encoded = iter(src_codec.encode(x) for x in nonempty)
+    if src_codec.kind == "word":  # word vocabularies hold spaCy tokens
+        written = tokenize_lines(nonempty, src_codec.lang, progress=False)
+        encoded = iter(zip([src_codec.encode(tokens) for tokens in written], written,
+                           strict=True))
+    else:  # SentencePiece reads raw text
+        encoded = iter(zip([src_codec.encode(text) for text in nonempty],
+                           [src_codec.surfaces(text) for text in nonempty], strict=True))
     out = []
     for n, text in enumerate(texts, 1):
-        ids = next(encoded) if text else []
+        ids, surfaces = next(encoded) if text else ([], [])
         if len(ids) > max_len - 2:
             log.warning("line %d: %d tokens, cut to the model's limit of %d", n, len(ids),
                         max_len - 2)
-            ids = ids[: max_len - 2]
-        out.append([BOS_ID, *ids, EOS_ID] if ids else None)
+            ids, surfaces = ids[: max_len - 2], surfaces[: max_len - 2]
+        out.append(Source([BOS_ID, *ids, EOS_ID], list(surfaces)) if ids else None)
     return out
 
 
@@ -132,15 +144,26 @@ def translate_cli(args, params: dict) -> None:
     if beam < 1:
         raise NmtError(f"--beam {beam}: a beam holds at least one hypothesis "
                        "(fix: --beam 1 or more)")
+    # Copying an <unk> from the source reads our model's attention; an export has none to give.
+    unknown_words = ev["unknown_words"] if translator.model is not None else "mark"
 
     sources = encode_lines(read_input(args), translator.src_codec, translator.max_len)
     todo = [s for s in sources if s is not None]
-    log.info("translating %d lines with %s (beam %d)", len(todo), translator.name, beam)
+    log.info("translating %d lines with %s (beam %d; unknown words: %s)", len(todo),
+             translator.name, beam, unknown_words)
     dc = DecodeConfig.from_params(ev, "beam" if beam > 1 else "greedy", translator.max_len - 1,
                                   beam_size=beam)
-    ids = iter(translator.translate(todo, dc))
+    ids = translator.translate([s.ids for s in todo], dc)
+    text = detokenize_outputs(translator.model, [s.ids for s in todo],
+                              [s.surfaces for s in todo], ids, translator.tgt_codec,
+                              unknown_words)
+    lines = iter(text.lines)
     for s in sources:
-        print(translator.tgt_codec.decode(next(ids)) if s is not None else "")
+        print(next(lines) if s is not None else "")
+    if text.unknowns:
+        log.info("%d word%s the vocabulary lacks: %s", text.unknowns,
+                 "" if text.unknowns == 1 else "s",
+                 "copied from the source" if unknown_words == "copy" else "marked <unk>")
 
 
 @dataclass(frozen=True)
@@ -154,6 +177,7 @@ class Translator:
     tgt_codec: object
     max_len: int  # the model's positions: inputs are cut to it
     translate: Callable  # (sources, DecodeConfig) -> id lists
+    model: torch.nn.Module | None  # ours, whose attention copies an <unk>; None for an export
 
 
 def torch_translator(args, params: dict) -> Translator:
@@ -168,7 +192,7 @@ def torch_translator(args, params: dict) -> Translator:
     check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)
     return Translator(str(path), ckpt["recipe"], src_codec, tgt_codec,
                       ckpt["model_config"]["max_len"],
-                      lambda todo, dc: translate_batches(model, todo, dc, progress=False))
+                      lambda todo, dc: translate_batches(model, todo, dc, progress=False), model)
 
 
 def engine_translator(args) -> Translator:
@@ -188,4 +212,4 @@ def engine_translator(args) -> Translator:
     engine = open_engine(folder, run, tokens_of(src_codec), tokens_of(tgt_codec),
                          args.compute_type, threads=torch.get_num_threads())
     return Translator(f"{folder} ({args.compute_type})", recipe, src_codec, tgt_codec, max_len,
-                      engine.translate)
+                      engine.translate, None)

@@ -78,6 +78,14 @@ class WordCodec:
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return self.vocab.tokens(ids)
 
+    def join(self, pieces: list[str]) -> str:
+        """The sentence of output tokens (pieces, with any <unk> replaced or kept)."""
+        return detokenize(pieces)
+
+    def surfaces(self, line: str) -> list[str]:
+        """Each token of a .tok line as written, one per id encode_lines gives it."""
+        return split_tokens(line)
+
 
 class BpeCodec:
     """Raw sentences through one joint SentencePiece BPE model (lossless detokenization)."""
@@ -105,6 +113,16 @@ class BpeCodec:
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.sp.id_to_piece(i) for i in ids]
+
+    def join(self, pieces: list[str]) -> str:
+        """The sentence of output pieces (a piece the model lacks is taken as written; <unk>
+        itself becomes SentencePiece's mark, " ⁇ ")."""
+        return self.sp.decode_pieces(pieces)
+
+    def surfaces(self, line: str) -> list[str]:
+        """Each piece of a raw line as written, one per id encode_lines gives it: a character
+        the model lacks keeps its own text where its id is <unk>."""
+        return self.sp.encode(line, out_type=str)
 
 
 @dataclass(frozen=True)

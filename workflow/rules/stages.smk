@@ -209,6 +209,7 @@ rule evaluate:
             *SHARED_CODE,
             "src/nmt/evaluate.py",
             "src/nmt/search.py",
+            "src/nmt/unknowns.py",
             "src/nmt/runtime.py",
             "src/nmt/checkpoint.py",
             "src/nmt/data.py",
