@@ -1,9 +1,9 @@
 """Unknown words in an output: none is dropped without a sign (evaluate.unknown_words).
 
 A word vocabulary maps each word it lacks to <unk>; 35-57 % of the test sets' German sentences
-hold a word the demo vocabulary lacks, mostly names and rare nouns, which a translation often
-copies. A model that outputs <unk> knows that a word belongs there, not which. Decoding used
-to drop it, so "People on the roof of a house." became "People the roof of a house.". Now:
+hold a word the demo vocabulary lacks, mostly compounds and rare nouns. A model that outputs
+<unk> knows that a word belongs there, not which. Decoding used to drop it, and a sentence
+lost a word without a sign ("People the roof of a house." on test_2016_flickr). Now:
 
 - copy (default): unknown replacement as in OpenNMT (Luong et al., 2015). Each <unk> becomes
   the source token that the cross-attention weighted most when the model produced it (the
