@@ -243,6 +243,7 @@ TOGGLE = {"vocab.kind": {"word": "bpe", "bpe": "word"},
           "train.compile": {"auto": False},
           "train.cuda_graphs": {"auto": False},
           "model.attention": {"prefix": "causal", "causal": "prefix"},
+          "evaluate.unknown_words": {"copy": "mark", "mark": "copy"},
           "train.schedule": {"inverse_sqrt": "linear", "linear": "cosine",
                              "cosine": "inverse_sqrt"}}
 
