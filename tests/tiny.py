@@ -147,4 +147,7 @@ def check_report(root: Path) -> None:
     # Each recipe: mean ± std over the seeds, and verdicts with a CI and a p-value.
     assert report.count("scratch - baseline:") >= 2 * len(p["recipes"])
     assert "± " in report and "95% CI" in report and "p = " in report
+    # What the translations did with <unk>: copied (params' default), with each run's count.
+    assert "Words the vocabulary lacks (`<unk>` in an output): copied from the source" in report
+    assert f"published-scratch-s{p['seeds'][0]} " in report.split("Words the vocabulary")[1]
     assert (root / "reports" / "figures" / "loss.png").stat().st_size > 1000

@@ -77,9 +77,9 @@ def resolve_precision(precision: str, device: torch.device, decoding: bool = Fal
 
     Native bf16: a CUDA GPU that has it (tensor cores; bf16's float32 range needs no loss
     scaling), or a CPU with AVX512-BF16 or AMX (native_bf16_cpu). On such a CPU the demo
-    trained 1.31x as fast in bf16 at the same quality (README, Precision). `decoding`: evaluate
-    and translate on a CPU stay fp32 under `auto`, because there decoding's small matrix
-    products ran slower in bf16 than in fp32 (README, Precision)."""
+    trained 1.31x as fast in bf16 at the same quality (README, Precision). `decoding`: evaluate,
+    train's greedy validation and bench's decoding on a CPU stay fp32 under `auto`, because
+    there decoding's small matrix products ran slower in bf16 (README, Precision)."""
     if precision != "auto":
         return precision
     device = torch.device(device)
