@@ -45,7 +45,7 @@ def test_an_unk_copies_the_real_source_token_it_attended_to_most():
                          [0.70, 0.05, 0.05, 0.15, 0.05],   # out[2]: <bos> most, then Hut
                          [0.00, 0.00, 0.00, 0.00, 1.00]])  # predicts <eos>
     model = Attending(last)
-    assert most_attended(model, src, out) == [2, 1, 3]
+    assert most_attended(model, [src], [out]) == [[2, 1, 3]]
 
     class Codec:
         def pieces(self, ids):
@@ -98,9 +98,11 @@ def test_no_unk_is_dropped_on_real_sentences(prepared, name):
     assert copied.unknowns == unks and not any("<unk>" in line for line in copied.lines)
     for src, words, out, line in zip(sources, written, outputs, copied.lines, strict=True):
         kept = [i for i in out if i != EOS_ID]
-        picks = most_attended(model, src, kept)
+        [picks] = most_attended(model, [src], [kept])  # alone: no padding
         for t in (t for t, i in enumerate(kept) if i == UNK_ID):
             assert 1 <= picks[t] <= len(src) - 2 and words[picks[t] - 1] in line
+        # The padded batch copied what the sentence alone copies.
+        assert detokenize_outputs(model, [src], [words], [out], codecs[1], "copy").lines == [line]
 
 
 def test_the_twin_models_copy_the_same_words(prepared):
@@ -114,8 +116,7 @@ def test_the_twin_models_copy_the_same_words(prepared):
     by_scratch = detokenize_outputs(scratch, sources, written, outputs, codecs[1], "copy")
     by_baseline = detokenize_outputs(baseline, sources, written, outputs, codecs[1], "copy")
     assert by_scratch == by_baseline and by_scratch.unknowns > 50
-    picks = [most_attended(scratch, s, [i for i in o if i != EOS_ID])
-             for s, o in zip(sources, outputs, strict=True)]
+    picks = most_attended(scratch, sources, [[i for i in o if i != EOS_ID] for o in outputs])
     assert len({p for row in picks for p in row}) > 5  # the copies come from many places
 
 

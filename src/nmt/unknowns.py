@@ -24,11 +24,12 @@ from pathlib import Path
 
 import torch
 
-from nmt.data import side_file
+from nmt.data import pad, side_file
 from nmt.text import read_lines
 from nmt.vocab import BOS_ID, SPECIALS, UNK_ID
 
 MODES = ("copy", "mark")
+COPY_BATCH = 64  # outputs holding an <unk> whose attention one pass reads
 
 
 @dataclass(frozen=True)
@@ -46,31 +47,35 @@ def detokenize_outputs(model, sources: list[list[int]], surfaces: list[list[str]
     (at least as many as the ids between <bos> and <eos>); outputs: the decoded ids."""
     if mode not in MODES:
         raise ValueError(f"unknown_words {mode!r}: use one of {MODES}")
-    lines, unknowns = [], 0
-    for src, written, out in zip(sources, surfaces, outputs, strict=True):
-        kept = [i for i in out if i >= len(SPECIALS) or i == UNK_ID]  # no <bos>, <eos>, <pad>
-        pieces = tgt_codec.pieces(kept)
-        where = [t for t, i in enumerate(kept) if i == UNK_ID]
-        if where and mode == "copy":
-            attended = most_attended(model, src, kept)
-            for t in where:
-                pieces[t] = written[attended[t] - 1]  # source position p is surface p - 1
-        unknowns += len(where)
-        lines.append(tgt_codec.join(pieces))
-    return Detokenized(lines, unknowns)
+    kept = [[i for i in out if i >= len(SPECIALS) or i == UNK_ID] for out in outputs]
+    pieces = [tgt_codec.pieces(ids) for ids in kept]  # no <bos>, <eos>, <pad> left
+    if mode == "copy":
+        todo = [n for n, ids in enumerate(kept) if UNK_ID in ids]
+        for start in range(0, len(todo), COPY_BATCH):
+            chunk = todo[start: start + COPY_BATCH]
+            attended = most_attended(model, [sources[n] for n in chunk],
+                                     [kept[n] for n in chunk])
+            for n, positions in zip(chunk, attended, strict=True):
+                for t, i in enumerate(kept[n]):
+                    if i == UNK_ID:  # source position p is surface p - 1
+                        pieces[n][t] = surfaces[n][positions[t] - 1]
+    return Detokenized([tgt_codec.join(p) for p in pieces],
+                       sum(ids.count(UNK_ID) for ids in kept))
 
 
 @torch.inference_mode()
-def most_attended(model, src: list[int], out: list[int]) -> list[int]:
+def most_attended(model, sources: list[list[int]],
+                  outputs: list[list[int]]) -> list[list[int]]:
     """For each output token, the source position (1 .. len(src) - 2: a real token, not <bos>
     or <eos>) that the last decoder layer's cross-attention, mean of heads, weighted most when
-    the model produced it. Row t of the attention is the query that predicted out[t]."""
+    the model produced it; one teacher-forced pass over the padded batch. Row t of the
+    attention is the query that predicted out[t]; padding changes no real row (verify)."""
     device = next(model.parameters()).device
-    src_t = torch.tensor([src], device=device)
-    tgt_in = torch.tensor([[BOS_ID, *out]], device=device)
-    weights = model.attention_maps(src_t, tgt_in)["decoder_cross"][-1][0].float().mean(0)
-    real = weights[: len(out), 1: len(src) - 1]  # (T, S - 2)
-    return (real.argmax(dim=1) + 1).tolist()
+    src = pad(sources).to(device)
+    tgt_in = pad([[BOS_ID, *out] for out in outputs]).to(device)
+    weights = model.attention_maps(src, tgt_in)["decoder_cross"][-1].float().mean(1)  # (B,T,S)
+    return [(w[: len(out), 1: len(s) - 1].argmax(dim=1) + 1).tolist()
+            for w, s, out in zip(weights, sources, outputs, strict=True)]
 
 
 def source_surfaces(tokenized_dir: Path, split: str, src_codec) -> list[list[str]]:
