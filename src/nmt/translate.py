@@ -153,9 +153,9 @@ def translate_cli(args, params: dict) -> None:
              translator.name, beam, unknown_words)
     dc = DecodeConfig.from_params(ev, "beam" if beam > 1 else "greedy", translator.max_len - 1,
                                   beam_size=beam)
-    ids = translator.translate([s.ids for s in todo], dc)
-    text = detokenize_outputs(translator.model, [s.ids for s in todo],
-                              [s.surfaces for s in todo], ids, translator.tgt_codec,
+    source_ids = [s.ids for s in todo]
+    text = detokenize_outputs(translator.model, source_ids, [s.surfaces for s in todo],
+                              translator.translate(source_ids, dc), translator.tgt_codec,
                               unknown_words)
     lines = iter(text.lines)
     for s in sources:

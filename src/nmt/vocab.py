@@ -73,7 +73,7 @@ class WordCodec:
         return [self.vocab.ids(split_tokens(line)) for line in lines]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return detokenize(self.vocab.tokens(i for i in ids if i >= len(SPECIALS)))
+        return self.join(self.vocab.tokens(i for i in ids if i >= len(SPECIALS)))
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return self.vocab.tokens(ids)
