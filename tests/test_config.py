@@ -15,7 +15,7 @@ from nmt.params import load_params
 from nmt.recipes import resolve
 from nmt.runs import Run
 
-DEMO_IS = "demo_d4"  # the search step the demo copies (= demo_s6 + the decoder-only's depth)
+DEMO_IS = "demo_d10"  # the search step the demo copies (= demo_s14 + the decoder-only's depth)
 
 
 def test_repository_params_are_valid():

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from nmt.models import MODELS, ModelConfig, build_model
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
-from nmt.models.scratch import MultiHeadAttention
+from nmt.models.scratch import Dropout, MultiHeadAttention, scaled_dot_product_attention
 from nmt.runs import MODEL_NAMES
 
 SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhead=4,
@@ -347,3 +347,52 @@ print(sorted(m for m in sys.modules if m.startswith("nmt")))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert all(m == "nmt" or m.startswith("nmt.models") for m in eval(proc.stdout))
+
+
+def test_dropout_mask_keeps_each_element_alone_with_its_probability():
+    """Dropout's mask (four elements a 64-bit draw): each element kept with probability 1 - p,
+    neighbours (lanes of one draw) and elements a draw apart independent, the kept ones scaled
+    by 1 / (1 - p), gradients through the same mask. Tolerances are 10 standard deviations."""
+    torch.manual_seed(0)
+    n = 1 << 20
+    for p in (0.1, 0.5, 0.9):
+        drop = Dropout(p).train()
+        y = drop(torch.ones(n))
+        kept = y != 0
+        sd = math.sqrt(p * (1 - p) / n)
+        assert abs(kept.float().mean().item() - (1 - p)) < 10 * sd, p
+        assert torch.equal(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
+        for gap in (1, 4):  # the next lane of a draw, the same lane of the next draw
+            both = (kept[:-gap] & kept[gap:]).float().mean().item()
+            assert abs(both - (1 - p) ** 2) < 10 * sd, (p, gap)
+    x = torch.randn(64, 32, requires_grad=True)
+    drop = Dropout(0.3).train()
+    y = drop(x)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, (y != 0).float() / 0.7)
+    assert torch.equal(drop.eval()(x), x) and torch.equal(Dropout(0.0).train()(x), x)
+    assert not Dropout(1.0).train()(x).any()  # nn.Dropout's answer: all zeros, no NaN
+
+
+def test_dropout_mask_is_the_seeded_generators():
+    """The mask comes from torch's default generator: a seed repeats it (what bit-identical
+    resume relies on), and different shapes of the same size draw the same elements."""
+    drop = Dropout(0.5).train()
+    torch.manual_seed(3)
+    a = drop(torch.ones(6, 7))
+    torch.manual_seed(3)
+    assert torch.equal(drop(torch.ones(42)).view(6, 7), a)
+    assert not torch.equal(drop(torch.ones(6, 7)), a)
+
+
+def test_attention_drops_its_weights_with_the_cheap_mask_on_a_cpu():
+    """In training on a CPU, attention takes its math path, so that its weights are dropped by
+    Dropout's mask (F.scaled_dot_product_attention would draw nn.Dropout's, four times the cost)."""
+    attn = MultiHeadAttention(16, 2, 0.5).train()
+    x = torch.randn(3, 5, 16)
+    torch.manual_seed(1)
+    y, weights = attn(x, None)
+    assert weights is None  # none requested
+    torch.manual_seed(1)
+    want, _ = scaled_dot_product_attention(*attn.project_self(x), None, attn.scale, attn.dropout)
+    assert torch.equal(y, attn.project_out(want))

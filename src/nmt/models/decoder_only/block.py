@@ -5,6 +5,7 @@ import torch.nn as nn
 from nmt.models.decoder_only.attention import SelfAttention
 from nmt.models.decoder_only.feed_forward import FeedForward
 from nmt.models.decoder_only.layer_norm import LayerNorm
+from nmt.models.scratch.dropout import Dropout
 
 
 class Block(nn.Module):
@@ -15,7 +16,7 @@ class Block(nn.Module):
         self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
         self.attn = SelfAttention(d_model, nhead, dropout)
         self.ff = FeedForward(d_model, dim_feedforward, dropout)
-        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
 
     def forward(self, x, mask, past_kv=None, need_weights: bool = False):
         """x (B, T, D) -> x, this layer's keys and values (past and new), the weights."""

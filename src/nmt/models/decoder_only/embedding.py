@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from nmt.models.config import ModelConfig
+from nmt.models.scratch.dropout import Dropout
 from nmt.models.scratch.embedding import sinusoids
 
 
@@ -47,7 +48,7 @@ class Positions(nn.Module):
     def __init__(self, d_model: int, dropout: float, size: int):
         super().__init__()
         self.register_buffer("table", sinusoids(size, d_model), persistent=False)  # (L, D)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x (B, T, D), pos (B, T) position ids."""

@@ -10,6 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nmt.models.scratch.dropout import Dropout
+
 
 def scaled_dot_product_attention(q, k, v, mask, scale: float, dropout: nn.Dropout):
     """softmax(Q K^T * scale) V, eq. (1): output (B, H, T, Dh) and weights (B, H, T, S)."""
@@ -54,8 +56,10 @@ class MultiHeadAttention(nn.Module):
         # Rows [W_q; W_k; W_v], laid out as nn.MultiheadAttention's in_proj_weight.
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)  # on the attention weights, as nn.MultiheadAttention
+        self.dropout = Dropout(dropout)  # on the attention weights, as nn.MultiheadAttention
         self.fused = True  # F.scaled_dot_product_attention unless weights are requested
+        # (or unless it would drop out weights on a CPU: there it falls back to the same math
+        # as below, with a dropout mask four times as costly to draw as Dropout's)
         nn.init.zeros_(self.qkv.bias)  # nn.MultiheadAttention starts its biases at 0
         nn.init.zeros_(self.out.bias)
 
@@ -80,8 +84,11 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q, k, v, mask, need_weights: bool = False):
         """Attention of q over (k, v), heads concatenated and projected: (B, T, D), weights."""
-        if need_weights or not self.fused:
+        math_path = need_weights or not self.fused
+        cpu_dropout = self.training and self.dropout.p > 0 and q.device.type == "cpu"
+        if math_path or cpu_dropout:
             y, weights = scaled_dot_product_attention(q, k, v, mask, self.scale, self.dropout)
+            weights = weights if math_path else None
         else:
             p = self.dropout.p if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,

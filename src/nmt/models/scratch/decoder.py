@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 from nmt.models.scratch.attention import MultiHeadAttention, beam_attention
+from nmt.models.scratch.dropout import Dropout
 from nmt.models.scratch.feed_forward import FeedForward
 
 CAPACITY = 32  # positions the target's keys and values have room for; doubles when full
@@ -103,7 +104,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn = MultiHeadAttention(d_model, nhead, dropout)
         self.ff = FeedForward(d_model, dim_feedforward, dropout)
         self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
-        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))
+        self.dropout1, self.dropout2, self.dropout3 = (Dropout(dropout) for _ in range(3))
 
     def forward(self, x, memory_kv, tgt_mask, memory_mask, need_weights=False):
         """All positions at once: x (B, T, D); memory_kv: the memory's keys and values.

@@ -5,6 +5,8 @@ import math
 import torch
 import torch.nn as nn
 
+from nmt.models.scratch.dropout import Dropout
+
 
 def sinusoids(max_len: int, d_model: int) -> torch.Tensor:
     """(max_len, d_model) table: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same)."""
@@ -37,7 +39,7 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         # Not persistent: a constant, so checkpoints hold only learned parameters.
         self.register_buffer("table", sinusoids(max_len, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x: (B, T, D) embeddings of positions offset .. offset + T - 1."""

@@ -4,6 +4,7 @@ import torch
 import torch.nn as nn
 
 from nmt.models.scratch.attention import MultiHeadAttention
+from nmt.models.scratch.dropout import Dropout
 from nmt.models.scratch.feed_forward import FeedForward
 
 
@@ -18,7 +19,7 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, nhead, dropout)
         self.ff = FeedForward(d_model, dim_feedforward, dropout)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False):
         """x: (B, S, D), mask: (B, 1, 1, S); returns x and the attention weights (or None)."""

@@ -3,6 +3,8 @@
 import torch
 import torch.nn as nn
 
+from nmt.models.scratch.dropout import Dropout
+
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2, eq. (2), with dropout after the ReLU."""
@@ -11,7 +13,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(d_model, dim_feedforward)
         self.w2 = nn.Linear(dim_feedforward, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.dropout(self.w1(x).relu()))  # (B, T, D)
