@@ -387,7 +387,8 @@ def test_dropout_mask_is_the_seeded_generators():
 
 def test_attention_drops_its_weights_with_the_cheap_mask_on_a_cpu():
     """In training on a CPU, attention takes its math path, so that its weights are dropped by
-    Dropout's mask (F.scaled_dot_product_attention would draw nn.Dropout's, four times the cost)."""
+    Dropout's mask (F.scaled_dot_product_attention would draw nn.Dropout's: three times the
+    cost)."""
     attn = MultiHeadAttention(16, 2, 0.5).train()
     x = torch.randn(3, 5, 16)
     torch.manual_seed(1)

@@ -59,7 +59,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = Dropout(dropout)  # on the attention weights, as nn.MultiheadAttention
         self.fused = True  # F.scaled_dot_product_attention unless weights are requested
         # (or unless it would drop out weights on a CPU: there it falls back to the same math
-        # as below, with a dropout mask four times as costly to draw as Dropout's)
+        # as below, with a dropout mask three times as costly to draw as Dropout's)
         nn.init.zeros_(self.qkv.bias)  # nn.MultiheadAttention starts its biases at 0
         nn.init.zeros_(self.out.bias)
 
