@@ -42,7 +42,8 @@ KINDS = [
     ("fused attention", ("scaled_dot_product", "flash_attention", "_efficient_attention")),
     ("softmax and loss", ("softmax", "nll_loss", "cross_entropy")),
     ("layer norm", ("layer_norm",)),
-    ("dropout", ("dropout", "bernoulli", "native_dropout")),
+    # nn.Dropout draws with bernoulli_; the models' cheaper mask with random_, then lt
+    ("dropout", ("dropout", "bernoulli", "native_dropout", "aten::random_", "aten::lt")),
     ("optimizer (Adam)", ("_foreach", "adam", "Optimizer.step", "lerp", "addcdiv", "addcmul")),
     ("casts and copies", ("aten::to", "_to_copy", "aten::copy_", "aten::clone",
                           "aten::contiguous")),
