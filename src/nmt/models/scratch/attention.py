@@ -58,8 +58,6 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model)
         self.dropout = Dropout(dropout)  # on the attention weights, as nn.MultiheadAttention
         self.fused = True  # F.scaled_dot_product_attention unless weights are requested
-        # (or unless it would drop out weights on a CPU: there it falls back to the same math
-        # as below, with a dropout mask three times as costly to draw as Dropout's)
         nn.init.zeros_(self.qkv.bias)  # nn.MultiheadAttention starts its biases at 0
         nn.init.zeros_(self.out.bias)
 
@@ -85,16 +83,15 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q, k, v, mask, need_weights: bool = False):
         """Attention of q over (k, v), heads concatenated and projected: (B, T, D), weights."""
         math_path = need_weights or not self.fused
+        # Dropping out weights on a CPU, the fused kernel falls back to this same math, but
+        # draws nn.Dropout's mask, three times as costly as Dropout's: take the math path.
         cpu_dropout = self.training and self.dropout.p > 0 and q.device.type == "cpu"
         if math_path or cpu_dropout:
             y, weights = scaled_dot_product_attention(q, k, v, mask, self.scale, self.dropout)
-            weights = weights if math_path else None
-        else:
-            p = self.dropout.p if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                               scale=self.scale)
-            weights = None
-        return self.project_out(y), weights
+            return self.project_out(y), weights if math_path else None
+        p = self.dropout.p if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=self.scale)
+        return self.project_out(y), None
 
     def project_out(self, y: torch.Tensor) -> torch.Tensor:
         """Heads y (B, H, T, Dh) concatenated and projected: (B, T, D)."""
