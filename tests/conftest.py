@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from nmt.cli import keep_freed_memory  # noqa: E402
-from nmt.params import load_params  # noqa: E402
+from nmt.pipeline.params import load_params  # noqa: E402
 
 # The tests train in their own processes too, not only through `nmt` (whose main() does this).
 keep_freed_memory()
@@ -107,7 +107,7 @@ def edit_params(path: Path, **sections) -> Path:
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory, mirror) -> dict:
     """download -> tokenize (2,000 train pairs, 100 test pairs) -> word and bpe vocabularies."""
-    from nmt import download, tokenize, vocab
+    from nmt.stages import download, tokenize, vocab
 
     root = tmp_path_factory.mktemp("data")
     params = load_params(REPO / "params.yaml")

@@ -4,7 +4,7 @@ import json
 
 from conftest import edit_params
 from nmt.cli import main
-from nmt.runtime import native_bf16_cpu
+from nmt.core.runtime import native_bf16_cpu
 
 
 def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys):
@@ -55,9 +55,9 @@ def test_train_flops_is_what_torch_counts_in_a_step():
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from nmt.bench import train_flops
+    from nmt.core.loss import token_loss
     from nmt.models import ModelConfig, build_model
-    from nmt.runtime import token_loss
+    from nmt.stages.bench import train_flops
 
     cfg = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=64, nhead=4,
                       dim_feedforward=96, dropout=0.0)

@@ -10,10 +10,10 @@ import yaml
 
 from conftest import REPO, edit_params
 from nmt.cli import main
-from nmt.errors import NmtError
-from nmt.params import load_params
-from nmt.recipes import resolve
-from nmt.runs import Run
+from nmt.core.errors import NmtError
+from nmt.core.runs import Run
+from nmt.pipeline.params import load_params
+from nmt.pipeline.recipes import resolve
 
 DEMO_IS = "demo_d10"  # the search step the demo copies (= demo_s14 + the decoder-only's depth)
 
@@ -192,7 +192,7 @@ def test_nmt_stages_checks_writes_and_names_each_stale_file(tmp_path, monkeypatc
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_cuda_device_without_a_gpu_is_one_line():
     """What `nmt translate --device cuda` or `nmt bench --device cuda` meets on a CPU machine."""
-    from nmt.runtime import pick_device
+    from nmt.core.runtime import pick_device
 
     assert pick_device("auto").type == "cpu"
     with pytest.raises(NmtError) as error:

@@ -24,20 +24,20 @@ import yaml
 
 from conftest import REPO, edit_params
 from forkserver import ForkServer, Pending
-from nmt import stages
 from nmt.cli import main
-from nmt.errors import NmtError
-from nmt.params import load_params
-from nmt.recipes import resolve
+from nmt.core.errors import NmtError
+from nmt.pipeline import declaration
+from nmt.pipeline.params import load_params
+from nmt.pipeline.recipes import resolve
 from tiny import BIN, run, scratch_copy
 
 pytestmark = pytest.mark.slow
-STAGES = stages.load(REPO / stages.DECLARATION)
+STAGES = declaration.load(REPO / declaration.DECLARATION)
 
 
 @pytest.mark.parametrize("path", ["dvc.yaml", "workflow/rules/stages.smk"])
 def test_dvc_yaml_and_snakemake_rules_are_rendered_from_the_declaration(path):
-    rendered = stages.rendered(REPO / stages.DECLARATION)
+    rendered = declaration.rendered(REPO / declaration.DECLARATION)
     assert (REPO / path).read_text() == rendered[Path(path)], \
         f"{path} is stale: run `nmt stages --write`"
 
@@ -45,33 +45,33 @@ def test_dvc_yaml_and_snakemake_rules_are_rendered_from_the_declaration(path):
 def test_a_snakemake_rule_reads_as_its_stage(tmp_path):
     """{recipe} is the job's wildcard, {bench} a param, Snakemake's own names ({threads})
     stay; a placeholder neither tool fills is refused, not rendered into a broken rule."""
-    declaration = tmp_path / "workflow" / "stages.yaml"
-    declaration.parent.mkdir()
-    declaration.write_text(yaml.safe_dump({"stages": {
+    declared = tmp_path / "workflow" / "stages.yaml"
+    declared.parent.mkdir()
+    declared.write_text(yaml.safe_dump({"stages": {
         "job": {"per": ["recipe"], "cmd": "nmt x --recipe {recipe} --bench {bench} -j {threads}",
                 "code": ["x.py"], "recipe_params": ["train.devices"], "deps": ["results"],
                 "outs": ["out/{recipe}.json"], "threads": 4, "gpu": "train.devices"},
         "all": {"cmd": "nmt y", "deps": ["out"], "outs": ["y.txt"]}}}))
-    text = stages.render_snakemake(declaration)
+    text = declaration.render_snakemake(declared)
     for line in ['rule job:', '"results",', '"src/nmt/x.py",', '"out/{recipe}.json",',
                  'values=declared(recipe_params=["train.devices"]),', "bench=BENCH,",
                  "threads: 4", 'gpu=from_recipe("train.devices"),',
                  '"nmt x --recipe {wildcards.recipe} --bench {params.bench} -j {threads} 2> {log}"',
                  'expand("out/{recipe}.json", recipe=RECIPES),']:
         assert line in text, line
-    declaration.write_text(declaration.read_text().replace("-j {threads}", "-j {jobs}"))
+    declared.write_text(declared.read_text().replace("-j {threads}", "-j {jobs}"))
     with pytest.raises(ValueError, match="jobs"):
-        stages.render_snakemake(declaration)
+        declaration.render_snakemake(declared)
 
 
 def test_a_stage_of_some_models_runs_over_their_list():
     """export (models_from: pipeline.export): DVC's matrix and Snakemake's wildcard take the
     models from that list, so only its runs have a job."""
     export = STAGES["export"]
-    dvc = yaml.safe_load(stages.render_dvc(REPO / stages.DECLARATION))["stages"]["export"]
+    dvc = yaml.safe_load(declaration.render_dvc(REPO / declaration.DECLARATION))["stages"]["export"]
     assert dvc["matrix"] == {"recipe": "${pipeline.recipes}", "model": "${pipeline.export}",
                              "seed": "${pipeline.seeds}"}
-    assert '        model=listed("pipeline.export"),' in stages.smk_rule(export, STAGES)
+    assert '        model=listed("pipeline.export"),' in declaration.smk_rule(export, STAGES)
     params = {"pipeline": {"recipes": ["a"], "models": ["baseline", "scratch"], "seeds": [0],
                            "export": ["scratch"]}}
     assert export.per_values(params) == {"recipe": ["a"], "model": ["scratch"], "seed": [0]}
@@ -100,22 +100,26 @@ def under(keys: list[str], tree: dict) -> set[str]:
     """Declared keys as leaf paths: a section stands for every key under it."""
     out = set()
     for k in keys:
-        out |= leaves(tree) if k == "params.yaml" else leaves(stages.lookup(tree, k), f"{k}.")
+        out |= leaves(tree) if k == "params.yaml" else leaves(declaration.lookup(tree, k), f"{k}.")
     return out
 
 
 def module_names(modules: list[str]) -> set[str]:
-    """As stages.yaml names code: a package by its folder (nmt.models.scratch.attention,
-    nmt.verify -> models, verify); nmt.train -> train.py; nmt -> __init__.py."""
+    """As stages.yaml names code: a declared package by its folder (nmt.models.scratch.attention
+    -> models, nmt.stages.verify.measure -> stages/verify), a module by its file
+    (nmt.stages.train -> stages/train.py), a package's own __init__ by that file (nmt ->
+    __init__.py, nmt.core -> core/__init__.py)."""
+    units = {c for s in STAGES.values() for c in s.code if not c.endswith(".py")}
     out = set()
     for m in modules:
-        parts = m.split(".")[1:]
-        if not parts:
-            out.add("__init__.py")
-        elif (REPO / stages.CODE / parts[0]).is_dir():
-            out.add(parts[0])
+        path = "/".join(m.split(".")[1:])
+        unit = next((u for u in units if path == u or path.startswith(u + "/")), None)
+        if unit:
+            out.add(unit)
+        elif not path or (REPO / declaration.CODE / path).is_dir():
+            out.add(f"{path}/__init__.py".lstrip("/"))
         else:
-            out.add(parts[0] + ".py")
+            out.add(path + ".py")
     return out
 
 
@@ -151,7 +155,7 @@ def test_every_stage_declares_what_it_reads(tool, request):
 
 # ---- re-runs: one change at a time in a completed pipeline ---------------------------------
 
-def jobs(params: dict) -> dict[str, tuple[stages.Stage, dict]]:
+def jobs(params: dict) -> dict[str, tuple[declaration.Stage, dict]]:
     """Every job of the pipeline by DVC's name (train@published-scratch-0)."""
     out = {}
     for s in STAGES.values():
@@ -167,22 +171,23 @@ def expand(path: str, names: list[str], lists: dict, bench: str) -> list[str]:
     out = []
     for combo in itertools.product(*([bench] if n == "bench" else lists[n] for n in names)):
         value = dict(zip(names, map(str, combo), strict=True))
-        out.append(stages.PLACEHOLDER.sub(lambda m, v=value: v.get(m.group(1), m.group(0)), path))
+        out.append(declaration.PLACEHOLDER.sub(
+            lambda m, v=value: v.get(m.group(1), m.group(0)), path))
     return out
 
 
-def snakemake_inputs(stage: stages.Stage, lists: dict, bench: str) -> list[str]:
+def snakemake_inputs(stage: declaration.Stage, lists: dict, bench: str) -> list[str]:
     """The inputs of the stage's rule in stages.smk, expanded (its wildcards left in): its
     code files and deps, the way Snakemake reads them."""
     return stage.code_paths(files=True) + [
-        q for p, names in stages.input_templates(stage, STAGES)
+        q for p, names in declaration.input_templates(stage, STAGES)
         for q in expand(p, names, lists, bench)]
 
 
 def downstream(direct: set[str], params: dict) -> set[str]:
     """direct and every job that reads what they write (Snakemake's view of a change)."""
     bench, lists = params["bench"]["recipe"], {d: params["pipeline"][f"{d}s"]
-                                               for d in stages.DIMENSIONS}
+                                               for d in declaration.DIMENSIONS}
     all_jobs = jobs(params)
 
     def files(job, kind):
@@ -225,7 +230,7 @@ def expected(old: dict, new: dict) -> set[str]:
 
 def leaf_or_none(tree, key):
     try:
-        return stages.lookup(tree, key)
+        return declaration.lookup(tree, key)
     except KeyError:
         return None
 
@@ -277,7 +282,7 @@ def with_value(params: dict, key: str, value) -> dict:
     partner = [(prefix + PARTNERS[rest][0], PARTNERS[rest][1])] if rest in PARTNERS else []
     for k, v in [(key, value)] + partner:
         *path, last = k.split(".")
-        stages.lookup(out, ".".join(path))[last] = v
+        declaration.lookup(out, ".".join(path))[last] = v
     return out
 
 
@@ -363,8 +368,8 @@ def test_a_changed_key_reruns_exactly_the_stages_that_declare_it(dvc_run, snakem
     old = load_params(dvc_run / "params.yaml")
     recipes, problems, tried = old["pipeline"]["recipes"], [], []
     for key in keys_to_change(old):
-        for value in candidates(key, stages.lookup(old, key)):
-            if value == stages.lookup(old, key):
+        for value in candidates(key, declaration.lookup(old, key)):
+            if value == declaration.lookup(old, key):
                 continue
             new = with_value(old, key, value)
             try:

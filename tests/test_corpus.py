@@ -9,14 +9,15 @@ import yaml
 
 from conftest import REPO, edit_params
 from corpora import LANGS, corpus_data, sentences, write_files, write_parquet
-from nmt import preflight, sources
-from nmt.download import RECORD, download
-from nmt.download import Paths as DownloadPaths
-from nmt.errors import NmtError
-from nmt.files import sha256
-from nmt.params import load_params
-from nmt.tokenize import Paths as TokenizePaths
-from nmt.tokenize import tokenize
+from nmt.core.errors import NmtError
+from nmt.core.files import sha256
+from nmt.pipeline import preflight
+from nmt.pipeline.params import load_params
+from nmt.stages import sources
+from nmt.stages.download import RECORD, download
+from nmt.stages.download import Paths as DownloadPaths
+from nmt.stages.tokenize import Paths as TokenizePaths
+from nmt.stages.tokenize import tokenize
 
 PARAMS = load_params(REPO / "params.yaml")
 DATA = PARAMS["data"]

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import REPO
-from nmt import databench, vocab
-from nmt import tokenize as tokenize_module
 from nmt.cli import main
-from nmt.data import (
+from nmt.commands import data_bench
+from nmt.core.codecs import load_codecs
+from nmt.core.data import (
     BUCKET_POOL,
     Batches,
     Pairs,
@@ -25,12 +25,13 @@ from nmt.data import (
     sentence_batches,
     token_batches,
 )
-from nmt.errors import NmtError
-from nmt.params import load_params
-from nmt.report import data_bench_section
-from nmt.tokenize import Paths as TokenizePaths
-from nmt.tokenize import tokenize
-from nmt.vocab import load_codecs
+from nmt.core.errors import NmtError
+from nmt.pipeline.params import load_params
+from nmt.stages import tokenize as tokenize_module
+from nmt.stages import vocab
+from nmt.stages.report import data_bench_section
+from nmt.stages.tokenize import Paths as TokenizePaths
+from nmt.stages.tokenize import tokenize
 
 DATA = load_params(REPO / "params.yaml")["data"]
 
@@ -246,10 +247,10 @@ def test_bpe_sample_trains_on_a_seeded_sample_and_says_so(prepared, tmp_path):
 def test_bench_data_runs_every_step_and_reports_its_peak(prepared, tmp_path, capsys):
     out = tmp_path / "data_bench.json"
     # 3,000 pairs fill no 32k BPE: a smaller one, as the wmt14 recipe's would be at scale.
-    budget = databench.Budget(pairs=3000, threads=2, bpe_size=500, bpe_sample=2000)
-    databench.bench_data(databench.Paths(raw=prepared["raw"], json=out), budget)
+    budget = data_bench.Budget(pairs=3000, threads=2, bpe_size=500, bpe_sample=2000)
+    data_bench.bench_data(data_bench.Paths(raw=prepared["raw"], json=out), budget)
     result = json.loads(out.read_text())
-    assert [s["step"] for s in result["steps"]] == list(databench.STEPS)
+    assert [s["step"] for s in result["steps"]] == list(data_bench.STEPS)
     for step in result["steps"]:
         assert step["seconds"] > 0 and step["pairs_per_second"] > 0 and step["peak_rss_gb"] > 0
     steps = {s["step"]: s for s in result["steps"]}

@@ -10,15 +10,16 @@ import pytest
 import sacrebleu
 
 from conftest import REPO
-from nmt.data import Batches, load_pairs, padding_fraction, sentence_batches, token_batches
-from nmt.download import SUMS, download, read_sums, sha256
-from nmt.download import Paths as DownloadPaths
-from nmt.errors import NmtError
-from nmt.params import load_params
-from nmt.text import detokenize, read_lines, read_tokens, tokenize_lines
-from nmt.tokenize import Paths as TokenizePaths
-from nmt.tokenize import tokenize
-from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIALS, build_vocab, load_codecs
+from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID, SPECIALS, load_codecs
+from nmt.core.data import Batches, load_pairs, padding_fraction, sentence_batches, token_batches
+from nmt.core.errors import NmtError
+from nmt.core.text import detokenize, read_lines, read_tokens, tokenize_lines
+from nmt.pipeline.params import load_params
+from nmt.stages.download import SUMS, download, read_sums, sha256
+from nmt.stages.download import Paths as DownloadPaths
+from nmt.stages.tokenize import Paths as TokenizePaths
+from nmt.stages.tokenize import tokenize
+from nmt.stages.vocab import build_vocab
 
 DATA = load_params(REPO / "params.yaml")["data"]
 TOKENIZE = {"batch_size": 100, "words": True}

@@ -7,8 +7,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-import nmt.verify as verify
-from nmt import checkpoint
+import nmt.stages.verify as verify
+from nmt.core import checkpoint
+from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
+from nmt.core.decoding import DecodeConfig, output_limits, translate_batches
+from nmt.core.loss import token_loss
 from nmt.models import ModelConfig, build_model
 from nmt.models.decoder_only import (
     DecoderOnlyTransformer,
@@ -20,10 +23,7 @@ from nmt.models.decoder_only import (
 )
 from nmt.models.decoder_only import block as block_module
 from nmt.models.decoder_only import model as model_module
-from nmt.runtime import token_loss
-from nmt.search import DecodeConfig, output_limits, translate_batches
-from nmt.verify import decoder_only as properties
-from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
+from nmt.stages.verify import decoder_only as properties
 from synthetic import synthetic_batches
 from test_models import padded_batch
 

@@ -1,6 +1,6 @@
 """Gradient accumulation and DDP (Gloo on CPU): the same updates however the work is split.
 
-The update step (nmt.train.update) is driven directly with real batches in float64 (dropout
+The update step (nmt.stages.train.update) is driven directly with real batches in float64 (dropout
 0); whole runs go through `nmt train` (which starts torchrun itself for train.devices > 1).
 """
 
@@ -20,13 +20,14 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from conftest import REPO
-from nmt import checkpoint, cli
-from nmt.data import Batches, load_pairs
-from nmt.distributed import World, shard, wrap
+from nmt import cli
+from nmt.core import checkpoint
+from nmt.core.codecs import PAD_ID, load_codecs
+from nmt.core.data import Batches, load_pairs
+from nmt.core.distributed import World, shard, wrap
+from nmt.core.runs import Run
 from nmt.models import ModelConfig, build_model
-from nmt.runs import Run
-from nmt.train import TrainConfig, Trainer, lr_factor, update
-from nmt.vocab import PAD_ID, load_codecs
+from nmt.stages.train import TrainConfig, Trainer, lr_factor, update
 from train_helpers import (
     TINY_MODEL,
     assert_same_outputs,
@@ -208,7 +209,7 @@ def test_the_launcher_waits_without_torch_and_shares_its_threads(data, tmp_path)
     (--threads 2: one each)."""
     params = params_file(tmp_path, devices=2)
     argv = train_argv(params, {**data, "results": tmp_path / "r"}, "--threads", "2")
-    probe = ("import sys, nmt.launch as launch; from nmt.cli import main\n"
+    probe = ("import sys, nmt.core.launch as launch; from nmt.cli import main\n"
              "launch.launch = lambda n, argv, threads: print(n, threads, 'torch' in sys.modules)"
              f"\nsys.exit(main({argv!r}))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

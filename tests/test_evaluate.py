@@ -10,17 +10,17 @@ import sacrebleu
 import torch
 
 from conftest import REPO, edit_params
-from nmt.checkpoint import load, save
 from nmt.cli import main
-from nmt.data import Batches, load_pairs
-from nmt.evaluate import Paths, evaluate, score, signatures
+from nmt.core.checkpoint import load, save
+from nmt.core.codecs import UNK_ID, load_codecs
+from nmt.core.data import Batches, load_pairs
+from nmt.core.loss import corpus_loss
+from nmt.core.runs import Run
+from nmt.core.text import read_lines
 from nmt.models import ModelConfig, build_model
-from nmt.params import load_params
-from nmt.recipes import resolve
-from nmt.runs import Run
-from nmt.runtime import corpus_loss
-from nmt.text import read_lines
-from nmt.vocab import UNK_ID, load_codecs
+from nmt.pipeline.params import load_params
+from nmt.pipeline.recipes import resolve
+from nmt.stages.evaluate import Paths, evaluate, score, signatures
 
 TINY = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
                    dim_feedforward=64, dropout=0.1, max_len=48)

@@ -17,21 +17,23 @@ import pytest
 import torch
 
 from conftest import REPO, edit_params
-from nmt import decodebench, engine, export
-from nmt.checkpoint import save
 from nmt.cli import main
-from nmt.data import Batches, load_pairs
-from nmt.engine import Engine, tokens_of
-from nmt.errors import NmtError
+from nmt.commands import decoding_bench
+from nmt.core import engine
+from nmt.core.checkpoint import save
+from nmt.core.codecs import BOS_ID, EOS_ID, load_codecs
+from nmt.core.data import Batches, load_pairs
+from nmt.core.decoding import DecodeConfig, translate_batches
+from nmt.core.engine import Engine, tokens_of
+from nmt.core.errors import NmtError
+from nmt.core.loss import token_loss
+from nmt.core.runs import Run
 from nmt.models import ModelConfig, build_model
 from nmt.models.scratch import sinusoids
-from nmt.params import load_params
-from nmt.recipes import resolve
-from nmt.report import decoding_section
-from nmt.runs import Run
-from nmt.runtime import token_loss
-from nmt.search import DecodeConfig, translate_batches
-from nmt.vocab import BOS_ID, EOS_ID, load_codecs
+from nmt.pipeline.params import load_params
+from nmt.pipeline.recipes import resolve
+from nmt.stages import export
+from nmt.stages.report import decoding_section
 
 # No dropout: an export decodes in eval mode, where dropout does nothing, and without it the
 # trainings below take about two thirds of the time (attention's dropout mask was a third).
@@ -106,7 +108,7 @@ def test_the_export_decodes_as_our_model_does(name, runs, prepared, tmp_path, on
     check = export_case(name, runs, prepared, tmp_path)
     assert check["max_abs_logprob_diff"] <= 1e-4 and check["greedy_identical"] == check["pairs"]
     model_name, kind, cfg = CASES[name]
-    from nmt.checkpoint import load
+    from nmt.core.checkpoint import load
 
     model, _ = load(runs / name / "best.pt")
     src_codec, tgt_codec = load_codecs(tmp_path / name / "vocab")
@@ -134,7 +136,7 @@ def test_the_export_decodes_as_our_model_does(name, runs, prepared, tmp_path, on
 
 @torch.inference_mode()
 def gnmt(model, src: list[int], out: list[int], alpha: float) -> float:
-    """The score nmt.search ranks a finished hypothesis by."""
+    """The score nmt.core.decoding ranks a finished hypothesis by."""
     logp = model(torch.tensor([src]), torch.tensor([[BOS_ID, *out]]))[0].float().log_softmax(-1)
     total = sum(float(logp[t, w]) for t, w in enumerate([*out, EOS_ID]))
     return total / ((5 + len(out) + 1) / 6) ** alpha
@@ -221,11 +223,12 @@ def test_bench_decoding_times_and_scores_every_decoder(runs, prepared, tmp_path,
     name = "published-scratch-s0"
     export_case(name, runs, prepared, tmp_path / "exports")
     (tmp_path / name).mkdir()
-    paths = decodebench.Paths(run=Run.parse(name).files(runs), export=tmp_path / "exports" / name,
-                              vocab=prepared["word"], tokenized=prepared["tokenized"],
-                              json=tmp_path / name / "decoding.json")
-    out = decodebench.bench_decoding(settings_for(TINY), paths,
-                                     decodebench.Budget(repeats=1, sentences=30, threads=1))
+    paths = decoding_bench.Paths(run=Run.parse(name).files(runs),
+                                 export=tmp_path / "exports" / name,
+                                 vocab=prepared["word"], tokenized=prepared["tokenized"],
+                                 json=tmp_path / name / "decoding.json")
+    out = decoding_bench.bench_decoding(settings_for(TINY), paths,
+                                        decoding_bench.Budget(repeats=1, sentences=30, threads=1))
     rows = {(r["engine"], r["compute_type"], r["method"]): r for r in out["rows"]}
     assert len(rows) == 6 and all(r["sentences_per_s"] > 0 for r in rows.values())
     ours, theirs = rows["nmt", "float32", "greedy"], rows["ctranslate2", "float32", "greedy"]
@@ -237,4 +240,4 @@ def test_bench_decoding_times_and_scores_every_decoder(runs, prepared, tmp_path,
     assert "ctranslate2 int8" in section and "same as nmt" in section
     paths = replace(paths, export=tmp_path / "none")
     with pytest.raises(NmtError, match="holds no export"):
-        decodebench.bench_decoding(settings_for(TINY), paths, decodebench.Budget(1, 30, 1))
+        decoding_bench.bench_decoding(settings_for(TINY), paths, decoding_bench.Budget(1, 30, 1))

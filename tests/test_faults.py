@@ -25,12 +25,13 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, edit_params
-from nmt import cli, files
-from nmt.checkpoint import load, setting_differences
-from nmt.errors import EX_IOERR, NmtError
-from nmt.params import load_params
-from nmt.recipes import resolve
-from nmt.runs import Run
+from nmt import cli
+from nmt.core import files
+from nmt.core.checkpoint import load, setting_differences
+from nmt.core.errors import EX_IOERR, NmtError
+from nmt.core.runs import Run
+from nmt.pipeline.params import load_params
+from nmt.pipeline.recipes import resolve
 from train_helpers import assert_same_outputs, params_file, tiny_data, train_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -286,7 +287,7 @@ def test_vocab_refuses_misaligned_sides(prepared, tmp_path, capsys, kind):
 KILLED_REPLACE = """
 import os, signal, sys
 from pathlib import Path
-from nmt import files
+from nmt.core import files
 
 out, mode, real_replace = Path(sys.argv[1]), sys.argv[2], os.replace
 if mode == "exchange":
@@ -418,19 +419,19 @@ def test_sigterm_during_evaluates_last_writes_waits_and_exits_0(trained, tmp_pat
     """A SIGTERM that lands while evaluate writes its last outputs waits for them; the command
     then says they are complete and exits 0 (Snakemake would otherwise delete them). One that
     lands before them still stops it with 143."""
-    import nmt.evaluate
+    import nmt.stages.evaluate
 
     results = tmp_path / "results"
     shutil.copytree(trained["reference"], RUN.dir(results))
     argv = evaluate_argv(trained["params"], trained["data"], results)
-    real_write = nmt.evaluate.write_json
+    real_write = nmt.stages.evaluate.write_json
 
     def write_then_stop(path, value):  # the signal arrives just as evaluation.json is written
         real_write(path, value)
         if path.name == "evaluation.json":
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(nmt.evaluate, "write_json", write_then_stop)
+    monkeypatch.setattr(nmt.stages.evaluate, "write_json", write_then_stop)
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
     assert last_line(err) == ("nmt evaluate: SIGTERM came after the last outputs were written; "
@@ -438,7 +439,7 @@ def test_sigterm_during_evaluates_last_writes_waits_and_exits_0(trained, tmp_pat
     files = RUN.files(results)
     assert json.loads(files.metrics.read_text()) and json.loads(files.evaluation.read_text())
 
-    real_score = nmt.evaluate.score_testsets
+    real_score = nmt.stages.evaluate.score_testsets
 
     def score_then_stop(*args):  # before the last writes: a stop as any other
         scores = real_score(*args)
@@ -446,8 +447,8 @@ def test_sigterm_during_evaluates_last_writes_waits_and_exits_0(trained, tmp_pat
         return scores
 
     files.metrics.unlink()
-    monkeypatch.setattr(nmt.evaluate, "write_json", real_write)
-    monkeypatch.setattr(nmt.evaluate, "score_testsets", score_then_stop)
+    monkeypatch.setattr(nmt.stages.evaluate, "write_json", real_write)
+    monkeypatch.setattr(nmt.stages.evaluate, "score_testsets", score_then_stop)
     assert cli.main(argv) == 128 + signal.SIGTERM
     assert "stopped by SIGTERM" in last_line(capsys.readouterr().err)
     assert not files.metrics.exists()

@@ -27,15 +27,17 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from nmt import cli, runtime
-from nmt.data import Batches, load_pairs, pad, padded_length
-from nmt.evaluate import Paths as EvalPaths
-from nmt.evaluate import evaluate
+from nmt import cli
+from nmt.core import runtime
+from nmt.core.codecs import PAD_ID, load_codecs
+from nmt.core.data import Batches, load_pairs, pad, padded_length
+from nmt.core.loss import token_loss
+from nmt.core.runs import Run
+from nmt.core.runtime import cpu_features, resolve_compile, resolve_precision
 from nmt.models import ModelConfig, build_model
-from nmt.runs import Run
-from nmt.runtime import cpu_features, resolve_compile, resolve_precision, token_loss
-from nmt.train import compiled, train
-from nmt.vocab import PAD_ID, load_codecs
+from nmt.stages.evaluate import Paths as EvalPaths
+from nmt.stages.evaluate import evaluate
+from nmt.stages.train import compiled, train
 from train_helpers import (
     TINY_MODEL,
     nmt_process,
@@ -105,7 +107,7 @@ def test_padding_to_a_multiple_changes_no_loss(pairs, name):
 
 def graphs_compiled(pairs, batch_by: str, pad_multiple: int) -> tuple[int, int]:
     """(distinct batch shapes, graphs dynamo compiled) over one epoch of real batches of the
-    scratch model compiled as train compiles it (nmt.train.compiled), with aot_eager for
+    scratch model compiled as train compiles it (nmt.stages.train.compiled), with aot_eager for
     inductor: it traces forward and backward alike, without generating code."""
     torch.manual_seed(0)
     model = build_model("scratch", ModelConfig(**TINY_MODEL), 2000, 2000)

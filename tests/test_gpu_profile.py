@@ -11,10 +11,10 @@ import torch
 import yaml
 
 from conftest import REPO, edit_params
-from nmt import stages
 from nmt.cli import main
-from nmt.errors import NmtError
-from nmt.runtime import GPU_MEMORY_ENV, bound_gpu_memory
+from nmt.core.errors import NmtError
+from nmt.core.runtime import GPU_MEMORY_ENV, bound_gpu_memory
+from nmt.pipeline import declaration
 from tiny import run, scratch_copy
 
 PROFILE = ["--workflow-profile", "workflow/profiles/gpu"]
@@ -64,11 +64,11 @@ def test_the_gpu_profile_runs_trainings_at_once(tmp_path, mirror):
 def test_the_memory_bound_is_a_resource_for_snakemake_and_a_number_for_dvc():
     """The declared gpu_mem_mb: Snakemake's rule passes its resource (a profile raises it),
     DVC's command the declared 0 (NMT_GPU_MEM_MB then decides)."""
-    declared = stages.load(REPO / stages.DECLARATION)["train"]
+    declared = declaration.load(REPO / declaration.DECLARATION)["train"]
     assert declared.gpu_mem_mb == 0 and "--gpu-mem-mb {gpu_mem_mb}" in declared.cmd
-    dvc = yaml.safe_load(stages.render_dvc(REPO / stages.DECLARATION))["stages"]["train"]
+    dvc = yaml.safe_load(declaration.render_dvc(REPO / declaration.DECLARATION))["stages"]["train"]
     assert dvc["cmd"].endswith("--threads 8 --gpu-mem-mb 0")
-    rule = stages.smk_rule(declared, stages.load(REPO / stages.DECLARATION))
+    rule = declaration.smk_rule(declared, declaration.load(REPO / declaration.DECLARATION))
     assert "        gpu_mem_mb=0," in rule and "--gpu-mem-mb {resources.gpu_mem_mb}" in rule
 
 

@@ -1,7 +1,7 @@
-"""CUDA graph updates (nmt.graphs), checked on the CPU where they cannot be captured: what a
+"""CUDA graph updates (nmt.core.graphs), checked on the CPU where they cannot be captured: what a
 capture needs of the update, which the CPU can show.
 
-- The update a graph records (nmt.train.graph_body) is the update training makes eagerly:
+- The update a graph records (nmt.stages.train.graph_body) is the update training makes eagerly:
   the same weights after three updates, bit for bit, for every model (a body that forgot the
   clipping or divided by another token count fails).
 - It makes no host synchronization, which a capture refuses ("operation not permitted when
@@ -20,10 +20,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt.graphs import GraphedUpdates, resolve_cuda_graphs
-from nmt.runs import Run
-from nmt.train import adam, graph_body, lr_factor, setup, update, update_or_fall_back
-from nmt.vocab import PAD_ID
+from nmt.core.codecs import PAD_ID
+from nmt.core.graphs import GraphedUpdates, resolve_cuda_graphs
+from nmt.core.runs import Run
+from nmt.stages.train import adam, graph_body, lr_factor, setup, update, update_or_fall_back
 from train_helpers import tiny_data, tiny_params, train_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -74,7 +74,7 @@ def tokens(tgt: torch.Tensor) -> int:
 @pytest.mark.parametrize("model", MODELS)
 def test_the_captured_update_is_the_eager_update(data, tmp_path, model):
     """Three updates through graph_body (gradients set to None first, lr schedule stepped
-    after, as nmt.graphs replays them) leave the weights update() leaves, bit for bit."""
+    after, as nmt.core.graphs replays them) leave the weights update() leaves, bit for bit."""
     eager = trainer_for(data, model, tmp_path / "eager", dropout=0.0)
     graphed = trainer_for(data, model, tmp_path / "graphed", dropout=0.0)
     body = graph_body(graphed)

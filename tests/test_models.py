@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn as nn
 
+from nmt.core.runs import MODEL_NAMES
 from nmt.models import MODELS, ModelConfig, build_model
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
 from nmt.models.scratch import Dropout, MultiHeadAttention, scaled_dot_product_attention
-from nmt.runs import MODEL_NAMES
 
 SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhead=4,
                     dim_feedforward=64, dropout=0.1, max_len=64)

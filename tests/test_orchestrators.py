@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from conftest import edit_params
-from nmt import orchestrators, preflight
-from nmt.errors import NmtError
+from nmt.core.errors import NmtError
+from nmt.pipeline import orchestrators, preflight
 from tiny import run, scratch_copy
 
 RUN = Path("results/published-baseline-s0")
@@ -104,7 +104,7 @@ def test_dvc_holding_its_lock_is_seen_and_released_lock_is_not(tmp_path):
 # ---- item 3, without a pipeline: the checks themselves ---------------------------------------
 
 def test_prechecks_name_the_key_and_the_fix(params_file):
-    from nmt.params import load_params
+    from nmt.pipeline.params import load_params
 
     params = load_params(params_file)
     preflight.check_devices(params)  # auto: the CPU here

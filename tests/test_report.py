@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from nmt import report as rp
-from nmt.errors import NmtError
-from nmt.files import write_json, write_text
-from nmt.params import load_params
-from nmt.runs import Run
+from nmt.core.errors import NmtError
+from nmt.core.files import write_json, write_text
+from nmt.core.runs import Run
+from nmt.pipeline.params import load_params
+from nmt.stages import report as rp
 
 REPO = Path(__file__).resolve().parents[1]
 T16, T17 = "test_2016_flickr", "test_2017_flickr"

@@ -1,9 +1,9 @@
 """Interrupted training resumes to the same numbers: SIGKILL anywhere, SIGTERM, SIGINT.
 
 Killed runs are real processes (`python -m nmt train` with the test hook NMT_TEST_KILL_AT,
-read in nmt/resume.py); each is resumed in this process and its outputs compared byte for byte
+read in nmt/core/resume.py); each is resumed in this process and its outputs compared byte for byte
 with an uninterrupted run: best.pt, last.pt, history.csv and train.json (wall-clock columns
-aside, nmt.train.TIMING_FIELDS). Tiny model, 300 pairs: 10 updates an epoch, 3 epochs.
+aside, nmt.stages.train.TIMING_FIELDS). Tiny model, 300 pairs: 10 updates an epoch, 3 epochs.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import pytest
 import torch
 import yaml
 
-from nmt import cli, resume
-from nmt.resume import StopSignals
-from nmt.runs import Run
+from nmt import cli
+from nmt.core import resume
+from nmt.core.resume import StopSignals
+from nmt.core.runs import Run
 from train_helpers import assert_same_outputs, nmt_process, params_file, tiny_data, train_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -129,7 +130,7 @@ def test_other_settings_or_restart_set_the_state_aside(setup, tmp_path, caplog):
 def test_resume_state_outside_the_declared_outputs(setup):
     """resume.pt is in no stage's outputs (DVC and Snakemake would delete or track it)."""
     from conftest import REPO
-    from nmt.stages import load
+    from nmt.pipeline.declaration import load
 
     for stage in load(REPO / "workflow" / "stages.yaml").values():  # both tools' outputs
         assert not any("resume" in out for out in stage.outs + stage.metrics + stage.plots)

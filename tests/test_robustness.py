@@ -19,13 +19,13 @@ import torch
 
 import nmt
 from conftest import REPO
-from nmt.checkpoint import check_vocab, load, save, vocab_fingerprint
 from nmt.cli import main
-from nmt.errors import NmtError
+from nmt.core.checkpoint import check_vocab, load, save, vocab_fingerprint
+from nmt.core.codecs import load_codecs
+from nmt.core.errors import NmtError
+from nmt.core.runs import Run
 from nmt.models import ModelConfig, build_model
-from nmt.params import load_params
-from nmt.runs import Run
-from nmt.vocab import load_codecs
+from nmt.pipeline.params import load_params
 
 TINY = ModelConfig(num_encoder_layers=1, num_decoder_layers=1, d_model=16, nhead=2,
                    dim_feedforward=32, max_len=32)

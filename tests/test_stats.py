@@ -12,8 +12,8 @@ import pytest
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
-from nmt import stats
-from nmt.errors import NmtError
+from nmt.core import stats
+from nmt.core.errors import NmtError
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nmt import checkpoint
-from nmt.data import Batches, load_pairs
-from nmt.errors import NmtError
-from nmt.runs import Run
-from nmt.runtime import corpus_loss
-from nmt.train import expected_minutes, lr_factor, train
-from nmt.vocab import load_codecs
+from nmt.core import checkpoint
+from nmt.core.codecs import load_codecs
+from nmt.core.data import Batches, load_pairs
+from nmt.core.errors import NmtError
+from nmt.core.loss import corpus_loss
+from nmt.core.runs import Run
+from nmt.stages.train import expected_minutes, lr_factor, train
 from train_helpers import nmt_process, params_file, tiny_data, tiny_params, train_argv, train_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,14 +1,14 @@
-"""nmt.unknowns: an output's <unk> is copied from the source by cross-attention, or marked;
+"""nmt.core.unknowns: an output's <unk> is copied from the source by cross-attention, or marked;
 never dropped. A known-answer case for the positions, then real tiny models of all three kinds."""
 
 import pytest
 import torch
 
+from nmt.core.codecs import BOS_ID, EOS_ID, SPECIALS, UNK_ID, load_codecs
+from nmt.core.decoding import DecodeConfig, translate_batches
+from nmt.core.unknowns import detokenize_outputs, most_attended, source_surfaces
 from nmt.models import ModelConfig, build_model
 from nmt.models.mapping import scratch_to_baseline
-from nmt.search import DecodeConfig, translate_batches
-from nmt.unknowns import detokenize_outputs, most_attended, source_surfaces
-from nmt.vocab import BOS_ID, EOS_ID, SPECIALS, UNK_ID, load_codecs
 
 TINY = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
                    dim_feedforward=64, dropout=0.0, max_len=64, decoder_only_layers=2)
@@ -71,7 +71,7 @@ def with_unknowns(model, codecs, prepared) -> tuple[list, list, list]:
     """(sources, their written tokens, outputs): 60 test sentences (word vocabulary) decoded
     greedily, every third output token then made an <unk> (a random model seldom writes one
     by itself; which token the attention copies does not depend on how it was chosen)."""
-    from nmt.data import load_pairs
+    from nmt.core.data import load_pairs
 
     pairs = load_pairs(prepared["tokenized"], "test_2016_flickr", *codecs, TINY.max_len)[:60]
     sources = [p[0] for p in pairs]

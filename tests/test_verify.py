@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-import nmt.verify as verify
+import nmt.stages.verify as verify
 from nmt.models import ModelConfig
 from nmt.models.scratch import attention as scratch_attention
 from nmt.models.scratch import embedding as scratch_embedding
 from nmt.models.scratch import transformer as scratch_transformer
 from nmt.models.scratch.decoder import DecoderLayer
-from nmt.verify import equivalence
+from nmt.stages.verify import equivalence
 from synthetic import synthetic_batches
 
 CFG = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
@@ -191,7 +191,7 @@ def heads_averaged(monkeypatch):
 
 
 MultiHeadAttention = scratch_attention.MultiHeadAttention
-# BF16: float32 weights under bf16 autocast, with bf16's tolerance (nmt.verify.measure): the
+# BF16: float32 weights under bf16 autocast, with bf16's tolerance (nmt.stages.verify.measure): the
 # big bugs still fail it.
 F32, F64, BF16 = " (float32)", " (float64)", " (bfloat16)"
 
@@ -268,8 +268,8 @@ def test_the_stage_writes_a_failed_shape_check_as_null(prepared, tmp_path, monke
     """A shape mismatch measures inf: the stage prints its table, writes strict JSON (null)
     and reports failure instead of dying on the way."""
     from conftest import REPO
-    from nmt.params import load_params
-    from nmt.recipes import resolve
+    from nmt.pipeline.params import load_params
+    from nmt.pipeline.recipes import resolve
 
     settings = resolve(load_params(REPO / "params.yaml"), "published")
     settings["model"].update(num_encoder_layers=1, num_decoder_layers=1, d_model=16, nhead=2,

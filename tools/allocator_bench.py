@@ -3,7 +3,7 @@
 The scratch model of the demo recipe's size (2+2 layers, d_model 128, 4 heads, ffn 512; the
 demo's vocabulary sizes, 8,012 and 6,190 words) trains on one random batch of 160 sentences
 of 26 tokens (4,160 target tokens, as the demo's 4,096-token batches): forward, backward and
-Adam, as `nmt bench` steps (nmt.bench.make_step). Each setting runs in a process of its own
+Adam, as `nmt bench` steps (nmt.stages.bench.make_step). Each setting runs in a process of its own
 (the allocator's state is per process), the two alternating, `--pairs` times; each process
 times `--steps` steps after 2 untimed ones. Printed per process: the median milliseconds a
 step, the minor page faults of its last step, and its peak resident memory.
@@ -33,8 +33,8 @@ def one_process(kept: bool, threads: int, steps: int) -> dict:
         raise SystemExit("the C library is not glibc: there is nothing to compare")
     import torch
 
-    from nmt.bench import make_step
     from nmt.models import ModelConfig, build_model
+    from nmt.stages.bench import make_step
 
     torch.manual_seed(0)
     torch.set_num_threads(threads)

@@ -2,7 +2,7 @@
 
 A scratch model of the published architecture (6+6 layers, d_model 512, 8 heads, ffn 2048;
 Multi30k's word vocabulary sizes) with random weights, so that no hypothesis ends early and
-every sentence is decoded to its length limit; its CTranslate2 export (nmt.engine); 60
+every sentence is decoded to its length limit; its CTranslate2 export (nmt.core.engine); 60
 sources of 20 random tokens; beam 5, alpha 0.6. Each decoder runs once untimed, then the
 repeats alternate between them. The engine is timed on its own search (Engine.search; the GNMT
 re-ranking of Engine.translate is left out); our outputs are compared with a saved run's, if given.
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from nmt.engine import Engine, engine_length_penalty, model_spec
+from nmt.core.codecs import SPECIALS
+from nmt.core.decoding import DecodeConfig, output_limits, translate_batches
+from nmt.core.engine import Engine, engine_length_penalty, model_spec
 from nmt.models import ModelConfig, build_model
-from nmt.search import DecodeConfig, output_limits, translate_batches
-from nmt.vocab import SPECIALS
 
 SRC_VOCAB, TGT_VOCAB = 19215, 10838
 SENTENCES, LENGTH = 60, 20

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from nmt.runs import Run
+from nmt.core.runs import Run
 
 REPO = Path(__file__).resolve().parents[1]
 

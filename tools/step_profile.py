@@ -25,13 +25,13 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from nmt.bench import Budget, bench_data, make_step, train_flops
 from nmt.cli import keep_freed_memory
+from nmt.core.codecs import load_codecs
+from nmt.core.runtime import seed_everything
 from nmt.models import ModelConfig, build_model
-from nmt.params import load_params
-from nmt.recipes import resolve
-from nmt.runtime import seed_everything
-from nmt.vocab import load_codecs
+from nmt.pipeline.params import load_params
+from nmt.pipeline.recipes import resolve
+from nmt.stages.bench import Budget, bench_data, make_step, train_flops
 
 REPO = Path(__file__).resolve().parents[1]
 

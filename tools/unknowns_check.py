@@ -1,12 +1,12 @@
 """What happens to the <unk> a model outputs: dropped (the old way), marked, or copied from the
-source by cross-attention (nmt.unknowns), measured on the validation set only.
+source by cross-attention (nmt.core.unknowns), measured on the validation set only.
 
 For one trained run, decodes the validation set greedily and with beam search (the recipe's
 evaluate settings), then prints per way: BLEU against the references, how many <unk> the
 outputs held, and for the copies how many of the copied tokens occur in the sentence's
 reference, and how many are a source word the vocabulary lacks (the likely cause of the
 <unk>: a right alignment even where the reference translates the word). Three choices of
-attention are compared for the copy: the last decoder layer (what nmt.unknowns uses), the
+attention are compared for the copy: the last decoder layer (what nmt.core.unknowns uses), the
 first, and the mean of all layers.
 
     python tools/unknowns_check.py --run results/demo-scratch-s0 [--recipe demo]
@@ -22,14 +22,14 @@ from pathlib import Path
 import torch
 from sacrebleu.metrics import BLEU
 
-from nmt.checkpoint import load
-from nmt.data import load_pairs
-from nmt.params import load_params
-from nmt.recipes import resolve
-from nmt.search import DecodeConfig, translate_batches
-from nmt.text import read_lines, split_tokens
-from nmt.unknowns import detokenize_outputs, source_surfaces
-from nmt.vocab import BOS_ID, SPECIALS, UNK_ID, load_codecs
+from nmt.core.checkpoint import load
+from nmt.core.codecs import BOS_ID, SPECIALS, UNK_ID, load_codecs
+from nmt.core.data import load_pairs
+from nmt.core.decoding import DecodeConfig, translate_batches
+from nmt.core.text import read_lines, split_tokens
+from nmt.core.unknowns import detokenize_outputs, source_surfaces
+from nmt.pipeline.params import load_params
+from nmt.pipeline.recipes import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,10 +1,10 @@
 """`nmt <stage>`: one subcommand per pipeline stage; DVC and Snakemake call exactly these.
 
-Every stage function has one shape, `stage(settings, paths)`: settings are params.yaml, or one
-recipe resolved from it (nmt.recipes); paths a small dataclass, in the stage's module, of the
-files it reads and writes. workflow/stages.yaml spells every one of those paths out in the
-stage's command, so what a stage declares is what its command line says. The defaults below
-serve a person typing `nmt train --model scratch` at the repository root.
+Every stage function has one shape, `stage(settings, paths)`: settings are params.yaml, or
+one recipe resolved from it (nmt.pipeline.recipes); paths a small dataclass, in the stage's
+module (nmt.stages), of the files it reads and writes. workflow/stages.yaml spells every one
+of those paths out in the stage's command, so what a stage declares is what its command line
+says. The defaults below serve a person typing `nmt train --model scratch` at the repository root.
 """
 
 from __future__ import annotations
@@ -18,19 +18,17 @@ import sys
 import threading
 from pathlib import Path
 
-import yaml
-
-from nmt.corpus import corpus_settings
-from nmt.errors import EX_IOERR, FULL, Completion, DiskFull, NmtError, out_of_memory
-from nmt.params import load_params
-from nmt.recipes import resolve
-from nmt.runs import MODEL_NAMES, Run
+from nmt.core.errors import EX_IOERR, FULL, Completion, DiskFull, NmtError, out_of_memory
+from nmt.core.runs import MODEL_NAMES, Run
+from nmt.pipeline.corpus import corpus_settings
+from nmt.pipeline.params import load_params
+from nmt.pipeline.recipes import resolve
 
 RAW, TOKENIZED, VOCAB, RESULTS, REPORTS, EXPORTS = (
     Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"),
     Path("exports"))
 # The pipeline's stages: each writes into the folder, so each refuses to run while the other
-# orchestrator holds it (nmt.orchestrators).
+# orchestrator holds it (nmt.pipeline.orchestrators).
 STAGES = ("sources", "download", "tokenize", "config", "vocab", "verify", "train", "evaluate",
           "export", "bench", "report")
 
@@ -41,33 +39,33 @@ def recipe_vocab(args) -> Path:
 
 
 def cmd_sources(args, params):
-    from nmt import sources
+    from nmt.stages import sources
 
     sources.refresh(corpus_settings(params), args.out)
 
 
 def cmd_download(args, params):
-    from nmt import download
+    from nmt.stages import download
 
     download.download(corpus_settings(params), download.Paths(out=args.out))
 
 
 def cmd_tokenize(args, params):
-    from nmt import tokenize
+    from nmt.stages import tokenize
 
     tokenize.tokenize(corpus_settings(params), tokenize.Paths(raw=args.raw, out=args.out),
                       args.processes)
 
 
 def cmd_vocab(args, params):
-    from nmt import vocab
+    from nmt.stages import vocab
 
     vocab.build(resolve(params, args.recipe),
                 vocab.Paths(tokenized=args.tokenized, out=args.out or VOCAB / args.recipe))
 
 
 def cmd_verify(args, params):
-    from nmt.verify import Paths, verify
+    from nmt.stages.verify import Paths, verify
 
     paths = Paths(tokenized=args.tokenized, vocab=recipe_vocab(args),
                   out=args.out or RESULTS / "verify" / f"{args.recipe}.json")
@@ -76,15 +74,15 @@ def cmd_verify(args, params):
 
 
 def cmd_train(args, params):
-    from nmt.launch import launch, under_torchrun
+    from nmt.core.launch import launch, under_torchrun
 
     run, recipe = Run(args.recipe, args.model, args.seed), resolve(params, args.recipe)
     if recipe["train"]["devices"] > 1 and not under_torchrun():  # a launcher: no torch here
         return launch(recipe["train"]["devices"], train_argv(args), thread_count(args.threads)
                       or torch_threads())
     set_threads(args.threads)
-    from nmt.resume import Stopped
-    from nmt.train import Paths, train
+    from nmt.core.resume import Stopped
+    from nmt.stages.train import Paths, train
 
     paths = Paths(tokenized=args.tokenized, vocab=recipe_vocab(args),
                   run=run.files(args.results))
@@ -98,7 +96,7 @@ def cmd_train(args, params):
 
 def train_argv(args) -> list[str]:
     """This `nmt train` command line, for the processes torchrun starts (their threads come
-    from OMP_NUM_THREADS: nmt.launch shares this process's out)."""
+    from OMP_NUM_THREADS: nmt.core.launch shares this process's out)."""
     return (["--params", str(args.params)] + (["-q"] if args.quiet else []) +
             ["train", "--recipe", args.recipe, "--model", args.model, "--seed", str(args.seed),
              "--tokenized", str(args.tokenized), "--vocab", str(recipe_vocab(args)),
@@ -106,7 +104,7 @@ def train_argv(args) -> list[str]:
 
 
 def cmd_evaluate(args, params):
-    from nmt import evaluate
+    from nmt.stages import evaluate
 
     run = Run(args.recipe, args.model, args.seed)
     evaluate.evaluate(resolve(params, args.recipe), evaluate.Paths(
@@ -114,7 +112,7 @@ def cmd_evaluate(args, params):
 
 
 def cmd_export(args, params):
-    from nmt import export
+    from nmt.stages import export
 
     run = Run(args.recipe, args.model, args.seed)
     export.export(resolve(params, args.recipe), export.Paths(
@@ -124,27 +122,27 @@ def cmd_export(args, params):
 
 def cmd_bench(args, params):
     if args.data:  # the data stages at scale, on a corpus of its own
-        from nmt import databench
+        from nmt.commands import data_bench
 
         threads = args.threads or usable_cores()
-        databench.bench_data(databench.Paths(raw=args.raw, json=args.json),
-                             databench.Budget(pairs=args.pairs, threads=threads))
+        data_bench.bench_data(data_bench.Paths(raw=args.raw, json=args.json),
+                             data_bench.Budget(pairs=args.pairs, threads=threads))
         return
     if args.decoding:  # one trained run's decoding: ours against CTranslate2's
         import torch
 
-        from nmt import decodebench
+        from nmt.commands import decoding_bench
 
         run = Run.parse(args.run)
         files = run.files(args.results)
-        decodebench.bench_decoding(resolve(params, run.recipe), decodebench.Paths(
+        decoding_bench.bench_decoding(resolve(params, run.recipe), decoding_bench.Paths(
             run=files, export=args.exports / run.name, vocab=args.vocab or VOCAB / run.recipe,
             tokenized=args.tokenized, json=args.json or files.decoding),
-            decodebench.Budget(repeats=args.repeats or params["bench"]["repeats"],
+            decoding_bench.Budget(repeats=args.repeats or params["bench"]["repeats"],
                                sentences=args.sentences or 0,
                                threads=torch.get_num_threads()))
         return
-    from nmt import bench
+    from nmt.stages import bench
 
     recipe = args.recipe or params["bench"]["recipe"]
     budget = bench.Budget(recipe=recipe, device=args.device, **{
@@ -155,35 +153,27 @@ def cmd_bench(args, params):
 
 
 def cmd_report(args, params):
-    from nmt import report
+    from nmt.stages import report
 
     report.report(params, report.Paths(tokenized=args.tokenized, vocab=args.vocab or VOCAB,
                                        results=args.results, out=args.out))
 
 
 def cmd_translate(args, params):
-    from nmt.translate import translate_cli
+    from nmt.commands.translate import translate_cli
 
     translate_cli(args, params)
 
 
 def cmd_config(args, params):
-    from nmt import preflight
-    from nmt.files import write_text
+    from nmt.stages import config
 
-    # DVC runs this stage first after any params edit: a job bound to fail stops here, before
-    # `dvc repro` deletes its outputs (Snakemake runs the same checks itself).
-    preflight.check_settings(params)
-    preflight.check_devices(params)
-    # Written only when its content changes: an unchanged recipe keeps its bytes and mtime.
-    text = yaml.safe_dump(resolve(params, args.recipe), sort_keys=True)
-    out = args.out or Path("params") / f"{args.recipe}.yaml"
-    if not out.is_file() or out.read_text() != text:
-        write_text(out, text)
+    config.config(params, args.recipe,
+                  config.Paths(out=args.out or Path("params") / f"{args.recipe}.yaml"))
 
 
 def cmd_stages(args, params):
-    from nmt.stages import rendered
+    from nmt.pipeline.declaration import rendered
 
     files = rendered(args.declaration)  # dvc.yaml, workflow/rules/stages.smk
     if args.check:
@@ -439,10 +429,10 @@ def keep_freed_memory() -> bool:
 
 def bound_gpu_memory(megabytes: int) -> None:
     """--gpu-mem-mb N becomes NMT_GPU_MEM_MB, which the stage applies to its device
-    (nmt.runtime.bound_gpu_memory) and the processes torchrun starts inherit. A bound, like
+    (nmt.core.runtime.bound_gpu_memory) and the processes torchrun starts inherit. A bound, like
     the thread count, changes no result: a command-line value, not a param, so changing it
     re-runs nothing (Snakemake passes its gpu_mem_mb resource; DVC users set the variable)."""
-    from nmt.runtime import GPU_MEMORY_ENV
+    from nmt.core.runtime import GPU_MEMORY_ENV
 
     if megabytes < 0:
         raise NmtError(f"--gpu-mem-mb {megabytes} is negative (fix: a number of megabytes, "
@@ -450,7 +440,7 @@ def bound_gpu_memory(megabytes: int) -> None:
     os.environ[GPU_MEMORY_ENV] = str(megabytes)
 
 
-# What to make smaller when a stage runs out of memory (nmt.errors.out_of_memory).
+# What to make smaller when a stage runs out of memory (nmt.core.errors.out_of_memory).
 MEMORY_FIX = {
     "train": "a smaller train.max_tokens (token batches) or train.batch_size, with a larger "
              "train.accumulate for the same updates, or a smaller model; a training resumes "
@@ -488,12 +478,12 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, on_sigterm)  # a scheduler's stop gets its line too
     try:
         if args.stage in STAGES:
-            from nmt.orchestrators import refuse_others
+            from nmt.pipeline.orchestrators import refuse_others
 
             refuse_others(doing=f"nmt {args.stage}")
         params = load_params(args.params)
         if os.environ.get("NMT_TRACK_READS"):  # tests: which keys and modules a stage uses
-            from nmt.tracking import start_tracking
+            from nmt.pipeline.tracking import start_tracking
 
             params = start_tracking(params, reads)
         if hasattr(args, "threads") and args.func is not cmd_train:  # the torch stages; train
@@ -508,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     except NmtError as e:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
         return e.exit_code  # 2; a full disk 74 (EX_IOERR)
-    except OSError as e:  # a full disk met outside nmt.files (which names the output itself)
+    except OSError as e:  # a full disk met outside nmt.core.files (which names the output itself)
         if e.errno not in FULL:
             raise
         folder = Path(e.filename).parent if e.filename else Path.cwd()
@@ -551,7 +541,7 @@ def record_reads(path: Path, stage: str, reads: set) -> None:
     import json
 
     modules = sorted(m for m in sys.modules if (m == "nmt" or m.startswith("nmt."))
-                     and m != "nmt.tracking")  # the recording itself is no stage's code
+                     and m != "nmt.pipeline.tracking")  # the recording itself is no stage's code
     line = {"stage": stage, "modules": modules,
             "params": sorted(k for ns, k in reads if ns == "params"),
             "recipe_params": sorted(k for ns, k in reads if ns == "recipe")}

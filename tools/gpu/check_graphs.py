@@ -1,4 +1,4 @@
-"""Before a full GPU run: do CUDA graph updates (nmt.graphs) train as eager updates do, and
+"""Before a full GPU run: do CUDA graph updates (nmt.core.graphs) train as eager updates do, and
 how much faster are they? About a minute on a GPU, from the carried data/:
 
     python3 tools/gpu/check_graphs.py [--recipe published] [--model scratch] [--updates 200]
@@ -27,11 +27,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
-from nmt.bench import sync  # noqa: E402
-from nmt.params import load_params  # noqa: E402
-from nmt.recipes import resolve  # noqa: E402
-from nmt.runs import Run  # noqa: E402
-from nmt.train import Paths, setup, update  # noqa: E402
+from nmt.core.runs import Run  # noqa: E402
+from nmt.pipeline.params import load_params  # noqa: E402
+from nmt.pipeline.recipes import resolve  # noqa: E402
+from nmt.stages.bench import sync  # noqa: E402
+from nmt.stages.train import Paths, setup, update  # noqa: E402
 
 WEIGHT_TOLERANCE = 2e-2  # relative L2 difference of any weight tensor
 LOSS_TOLERANCE = 2e-2  # relative difference of the last updates' summed loss

@@ -2,8 +2,8 @@
 # that depend on the config or on the files of a package.
 from pathlib import Path
 
-from nmt.recipes import resolve
-from nmt.stages import declared_values, lookup
+from nmt.pipeline.recipes import resolve
+from nmt.pipeline.declaration import declared_values, lookup
 
 
 def declared(params=(), recipe_params=(), bench_params=(), corpus_params=()):

@@ -1,0 +1,10 @@
+"""`nmt` commands that are not stages of the pipeline: translate (sentences through a trained
+run or its CTranslate2 export), decoding_bench (`nmt bench --decoding`: one run's decoding,
+ours against CTranslate2's) and data_bench (`nmt bench --data`: the data stages at a million
+pairs).
+
+data_bench times the download, tokenize and vocab stages' own functions, so it sits above the
+stages, as nmt.cli does: a stage may not import another, a command may.
+
+May import: nmt.stages, nmt.pipeline, nmt.core, nmt.models (tests/test_layout.py).
+"""

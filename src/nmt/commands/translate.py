@@ -1,0 +1,215 @@
+"""`nmt translate`: German lines in, English lines out, with a trained run's checkpoint, or with
+its CTranslate2 export (`--engine ctranslate2`, written by `nmt export`)."""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nmt.core.checkpoint import check_vocab, load
+from nmt.core.codecs import BOS_ID, EOS_ID, load_codecs
+from nmt.core.decoding import DecodeConfig, translate_batches
+from nmt.core.engine import check_export, damaged_export, open_engine, tokens_of
+from nmt.core.errors import NmtError
+from nmt.core.files import read_json
+from nmt.core.runs import Run
+from nmt.core.runtime import pick_device
+from nmt.core.text import tokenize_lines
+from nmt.core.unknowns import detokenize_outputs
+from nmt.pipeline.recipes import resolve
+
+log = logging.getLogger("nmt.translate")
+
+
+def read_input(args) -> list[str]:
+    """Sentences from the arguments, else --file, else standard input; one per line, UTF-8."""
+    if args.sentences:
+        return decode_lines([utf8_bytes(s) for s in args.sentences], "arguments")
+    if args.file is not None:
+        return decode_lines(split_text(read_file(args.file), args.file), str(args.file))
+    if sys.stdin.isatty():
+        log.info("reading sentences from standard input, one a line (end with Ctrl-D)")
+    stdin = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else utf8_bytes(
+        sys.stdin.read())
+    return decode_lines(split_text(stdin, "standard input"), "standard input")
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of --file (a pipe such as /dev/stdin too); a folder or a missing or unreadable
+    file is one line that says which."""
+    fix = "(fix: give a text file, one sentence a line)"
+    if path.is_dir():
+        raise NmtError(f"{path} is a folder, not a file {fix}")
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise NmtError(f"{path} not found {fix}") from None
+    except OSError as e:
+        raise NmtError(f"{path} cannot be read ({e.strerror}) {fix}") from None
+
+
+def utf8_bytes(text: str) -> bytes:
+    """The bytes behind a str from argv or a text stream: undecodable bytes arrive as
+    surrogate escapes, which surrogateescape turns back into those bytes."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that is no escape: keep it undecodable
+        return text.encode("utf-8", "surrogatepass")
+
+
+def split_text(data: bytes, source) -> list[bytes]:
+    """A text's lines (ended by LF, CRLF or CR; a UTF-8 BOM dropped); binary and UTF-16 refused."""
+    if b"\0" in data or data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise NmtError(f"{source} is binary or UTF-16, not UTF-8 text (fix: give UTF-8 text, "
+                       "one sentence a line; convert with iconv -t UTF-8)")
+    return data.removeprefix(codecs.BOM_UTF8).splitlines()
+
+
+def decode_lines(lines: list[bytes], source: str) -> list[str]:
+    """UTF-8 lines; bytes that are not UTF-8 become U+FFFD, with one warning naming the lines,
+    so every input line still gets its output line."""
+    bad = []
+    for n, line in enumerate(lines, 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(n)
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if bad[5:] else "")
+        log.warning("%s: %s not UTF-8; undecodable bytes replaced with U+FFFD", source,
+                    f"line {shown} is" if len(bad) == 1 else f"lines {shown} are")
+    return [line.decode("utf-8", "replace") for line in lines]
+
+
+def checkpoint_path(args) -> tuple[Path, Run | None]:
+    """The checkpoint to load, and the run it must hold (None for an explicit --checkpoint)."""
+    run = None
+    if args.checkpoint is not None:
+        path = args.checkpoint
+        hint = "pass the .pt file of a trained run, e.g. results/published-scratch-s0/best.pt"
+    else:
+        run = Run.parse(args.run)
+        path = run.files(args.results).best
+        hint = (f"train it with `nmt train --recipe {run.recipe} --model {run.model} --seed "
+                f"{run.seed}`, or choose another run with --run")
+    if not path.is_file():
+        raise NmtError(f"{path} not found (fix: {hint})")
+    return path, run
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input line as the model reads it."""
+
+    ids: list[int]  # <bos> ids <eos>
+    surfaces: list[str]  # each id's token as written (an unknown word keeps its own)
+
+
+def encode_lines(lines: list[str], src_codec, max_len: int) -> list[Source | None]:
+    """Each line as a Source, None for an empty line; over-long lines are cut with a warning."""
+    texts = [line.strip() for line in lines]
+    nonempty = [t for t in texts if t]
+    if src_codec.kind == "word":  # word vocabularies hold spaCy tokens
+        written = tokenize_lines(nonempty, src_codec.lang, progress=False)
+        encoded = iter(zip([src_codec.encode(tokens) for tokens in written], written,
+                           strict=True))
+    else:  # SentencePiece reads raw text
+        encoded = iter(zip([src_codec.encode(text) for text in nonempty],
+                           [src_codec.surfaces(text) for text in nonempty], strict=True))
+    out = []
+    for n, text in enumerate(texts, 1):
+        ids, surfaces = next(encoded) if text else ([], [])
+        if len(ids) > max_len - 2:
+            log.warning("line %d: %d tokens, cut to the model's limit of %d", n, len(ids),
+                        max_len - 2)
+            ids, surfaces = ids[: max_len - 2], surfaces[: max_len - 2]
+        out.append(Source([BOS_ID, *ids, EOS_ID], list(surfaces)) if ids else None)
+    return out
+
+
+def translate_cli(args, params: dict) -> None:
+    translator = engine_translator(args) if args.engine == "ctranslate2" else \
+        torch_translator(args, params)
+    # Decoding settings come from params.yaml (the recipe's there), not from the checkpoint:
+    # training does not depend on them, so checkpoints do not record them.
+    recipe = translator.recipe
+    ev = resolve(params, recipe)["evaluate"] if recipe in params["recipes"] else params["evaluate"]
+    beam = ev["beam_size"] if args.beam is None else args.beam
+    if beam < 1:
+        raise NmtError(f"--beam {beam}: a beam holds at least one hypothesis "
+                       "(fix: --beam 1 or more)")
+    # Copying an <unk> from the source reads our model's attention; an export has none to give.
+    unknown_words = ev["unknown_words"] if translator.model is not None else "mark"
+
+    sources = encode_lines(read_input(args), translator.src_codec, translator.max_len)
+    todo = [s for s in sources if s is not None]
+    log.info("translating %d lines with %s (beam %d; unknown words: %s)", len(todo),
+             translator.name, beam, unknown_words)
+    dc = DecodeConfig.from_params(ev, "beam" if beam > 1 else "greedy", translator.max_len - 1,
+                                  beam_size=beam)
+    source_ids = [s.ids for s in todo]
+    text = detokenize_outputs(translator.model, source_ids, [s.surfaces for s in todo],
+                              translator.translate(source_ids, dc), translator.tgt_codec,
+                              unknown_words)
+    lines = iter(text.lines)
+    for s in sources:
+        print(next(lines) if s is not None else "")
+    if text.unknowns:
+        log.info("%d word%s the vocabulary lacks: %s", text.unknowns,
+                 "" if text.unknowns == 1 else "s",
+                 "copied from the source" if unknown_words == "copy" else "marked <unk>")
+
+
+@dataclass(frozen=True)
+class Translator:
+    """What translating needs, whichever engine decodes: its codecs and a function from source
+    id lists to output id lists."""
+
+    name: str  # what is shown: the checkpoint or export folder
+    recipe: str  # whose evaluate: settings decode
+    src_codec: object
+    tgt_codec: object
+    max_len: int  # the model's positions: inputs are cut to it
+    translate: Callable  # (sources, DecodeConfig) -> id lists
+    model: torch.nn.Module | None  # ours, whose attention copies an <unk>; None for an export
+
+
+def torch_translator(args, params: dict) -> Translator:
+    """Our model from a run's best.pt (or --checkpoint), on --device."""
+    path, run = checkpoint_path(args)
+    # A run's best.pt must hold what its recipe in params.yaml trains; a file named with
+    # --checkpoint is taken as it is.
+    settings = resolve(params, run.recipe) if run and run.recipe in params["recipes"] else None
+    model, ckpt = load(path, pick_device(args.device), expect=run, settings=settings)
+    vocab_dir = Path(args.vocab) / ckpt["recipe"]
+    src_codec, tgt_codec = load_codecs(vocab_dir)
+    check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)
+    return Translator(str(path), ckpt["recipe"], src_codec, tgt_codec,
+                      ckpt["model_config"]["max_len"],
+                      lambda todo, dc: translate_batches(model, todo, dc, progress=False), model)
+
+
+def engine_translator(args) -> Translator:
+    """The run's CTranslate2 export (nmt export), as --compute-type, on the CPU."""
+    if args.checkpoint is not None:
+        raise NmtError("--checkpoint reads a PyTorch checkpoint; the ctranslate2 engine reads "
+                       "an export (fix: --run <run> with --exports, or leave out --engine)")
+    run = Run.parse(args.run)
+    folder = Path(args.exports) / run.name
+    check_export(folder, run)
+    try:
+        meta = read_json(folder / "nmt.json")
+        recipe, max_len = meta["recipe"], int(meta["max_len"])
+        src_codec, tgt_codec = load_codecs(folder / "vocab")
+    except (ValueError, KeyError, TypeError) as e:  # broken JSON, a missing key, a bad vocab
+        raise damaged_export(folder, run, e) from None
+    engine = open_engine(folder, run, tokens_of(src_codec), tokens_of(tgt_codec),
+                         args.compute_type, threads=torch.get_num_threads())
+    return Translator(f"{folder} ({args.compute_type})", recipe, src_codec, tgt_codec, max_len,
+                      engine.translate, None)

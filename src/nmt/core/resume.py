@@ -1,0 +1,214 @@
+"""Interrupted training: the resume state <run_dir>/resume.pt (nmt.core.runs.RunFiles.resume), and
+stopping on a signal.
+
+Not a declared output of any stage (git and DVC ignore it); written atomically at the end of
+every epoch and, with train.save_every_minutes, within one; removed when the stage completes.
+Plain types and tensors only, so `torch.load(..., weights_only=True)` reads it.
+
+Format (a dict):
+    format          FORMAT (an int; another value is set aside like a changed configuration)
+    config          what must match to continue (`config_key`), and config_hash its sha256
+    model, optimizer, scheduler    their state_dicts
+    ranks           one dict a process (rank order): rng {torch (CPU), cuda (or None),
+                    python (`random`)}, loss_sum and tokens of the epoch so far on that rank
+    progress        nmt.stages.train.Progress as a dict (rank 0's): epoch, batch (position in the
+                    epoch's micro-batch plan of each rank), step (optimizer updates), loss_sum,
+                    tokens, seconds, history, best_loss, best_epoch, best_averaged,
+                    best_state, stale, recent (the averaging buffer)
+The batch order itself is not stored: it follows from (seed, epoch) (nmt.core.data.Batches).
+
+SIGINT/SIGTERM (`StopSignals`) let the current step finish; the loop then writes the state and
+raises `Stopped` (exit 130/143). The test hook NMT_TEST_KILL_AT (`test_hook`) is read here only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from nmt.core import files
+from nmt.core.files import atomic_path
+
+log = logging.getLogger("nmt.train")
+
+FORMAT = 2  # 2: best_epoch always an int, best_averaged beside it
+# Settings that change when and how state is kept, not the numbers a run computes.
+NEUTRAL = ("save_every_minutes",)
+
+
+def config_key(params: dict, run_name: str, seed: int, vocab_dir: Path, world_size: int) -> dict:
+    """What a resume state must share with this run: model, train and data settings, the
+    vocabulary files' content, the seed and the number of processes."""
+    vocab = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(Path(vocab_dir).iterdir()) if p.is_file()}
+    train = {k: v for k, v in params["train"].items() if k not in NEUTRAL}
+    data = {k: params["data"][k] for k in ("source_lang", "target_lang", "max_train_pairs")}
+    return {"run": run_name, "seed": seed, "world_size": world_size, "model": params["model"],
+            "train": train, "data": data, "vocab": vocab}
+
+
+def config_hash(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the settings that differ between two config keys."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def rng_state(device: torch.device) -> dict:
+    """Every generator training draws from: torch CPU (dropout on CPU), CUDA, Python's."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda, "python": random.getstate()}
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+class Stopped(Exception):
+    """Training stopped by a signal with its resume state kept; `code` is the exit status."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class StopSignals:
+    """SIGINT and SIGTERM ask the loop to stop after the current step; a second Ctrl-C stops
+    at once (KeyboardInterrupt). Under torchrun a Ctrl-C arrives twice within a moment (from
+    the terminal, then passed on by torchrun): `echo` seconds after the first are ignored."""
+
+    def __init__(self, echo: float = 0.0, announce: bool = True):
+        self.signum, self.echo, self.announce, self._old = 0, echo, announce, {}
+        self._first = 0.0
+
+    def __enter__(self) -> StopSignals:
+        if threading_main():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum:
+            if signum == signal.SIGINT and time.monotonic() - self._first >= self.echo:
+                raise KeyboardInterrupt
+            return
+        self.signum, self._first = signum, time.monotonic()
+        if self.announce:
+                print(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving "
+                  "the resume state (Ctrl-C again: stop at once)", file=sys.stderr, flush=True)
+
+
+def threading_main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+_writes = 0  # resume states this process began to write (for the test hook)
+
+
+def write(path: Path, state: dict) -> None:
+    """Serialize to memory, then write the bytes atomically (same state, same bytes)."""
+    global _writes
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    _writes += 1
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        test_hook("save", _writes)  # killed here: half a temporary file, the old state intact
+        f.write(data[len(data) // 2 :])
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename: a power cut keeps one whole state
+
+
+def read(path: Path) -> tuple[dict | None, str]:
+    """(state, "") or (None, why it cannot be used)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file: any unpickling error means unusable
+        return None, f"it is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        return None, f"it is not a format-{FORMAT} resume state"
+    return state, ""
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename a state that cannot be continued to resume.pt.stale; training starts fresh."""
+    stale = path.with_name(path.name + ".stale")
+    os.replace(path, stale)
+    log.warning("set aside %s as %s: %s; training starts fresh", path, stale.name, why)
+    return stale
+
+
+def remove_temporaries(paths: Iterable[Path]) -> None:
+    """Delete the temporary files killed writes of `paths` left (atomic_path's .<name>.*.tmp)."""
+    for path in paths:
+        files.remove_temporaries(path)
+
+
+def test_hook(point: str, count: int) -> None:
+    """For tests: NMT_TEST_KILL_AT=<point>:<n>[:<SIGNAL>[:session]][@<rank>] makes this process
+    send itself SIGNAL (default KILL) when `point` happens for the n-th time.
+
+    Points: start (1: nmt train begins, before the loop's signal handling), step (after
+    optimizer update n of the run), save (half-way through writing the
+    n-th resume state of this process), valid (after the first batch of the n-th validation
+    of this process). `session`: every process of this session gets it too (an orchestrator
+    killed together with its job). @rank limits it to one process of a distributed run.
+    """
+    spec = os.environ.get("NMT_TEST_KILL_AT")
+    if not spec:
+        return
+    spec, _, rank = spec.partition("@")
+    if rank and rank != os.environ.get("RANK", "0"):
+        return
+    where, n, *rest = spec.split(":")
+    if where != point or int(n) != count:
+        return
+    sig = getattr(signal, f"SIG{rest[0] if rest else 'KILL'}")
+    if rest[1:] == ["session"]:
+        for pid in session_pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+    os.kill(os.getpid(), sig)
+
+
+def session_pids() -> list[int]:
+    """The other processes of this process's session (Linux /proc)."""
+    mine, out = os.getsid(0), []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry.name)) == mine:
+                    out.append(int(entry.name))
+    return out

@@ -1,0 +1,372 @@
+"""The stage contract: workflow/stages.yaml, the one declaration of every stage, read here.
+
+`nmt stages --write` renders both orchestrators' files from it: dvc.yaml (`render_dvc`) and
+Snakemake's rules, workflow/rules/stages.smk (`render_snakemake`); `nmt stages --check` and a
+test fail when either is stale. The tests compare what each stage really reads and runs
+against it (see the file's header).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+DECLARATION = Path("workflow/stages.yaml")
+CODE = "src/nmt"
+DIMENSIONS = ("recipe", "model", "seed")
+DEFAULT_MODELS = "pipeline.models"  # the list a per-model stage runs over, unless models_from
+
+
+@dataclass
+class Stage:
+    """One stage as declared; paths and cmd hold {recipe}, {model}, {seed}, {bench}, {corpus}."""
+
+    name: str
+    cmd: str
+    per: list = field(default_factory=list)
+    # With per model: the params.yaml list its models come from (pipeline.export: the runs to
+    # export); an empty list gives no job under either tool.
+    models_from: str = DEFAULT_MODELS
+    code: list = field(default_factory=list)
+    params: list = field(default_factory=list)
+    recipe_params: list = field(default_factory=list)
+    bench_params: list = field(default_factory=list)
+    corpus_params: list = field(default_factory=list)  # of pipeline.recipes[0] (pipeline.corpus)
+    deps: list = field(default_factory=list)
+    outs: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)
+    plots: list = field(default_factory=list)
+    threads: int = 1
+    gpu: int | str = 0  # GPUs a job holds: a number, or a key of its recipe (train.devices)
+    # CUDA memory a job may take, MB ({gpu_mem_mb} in cmd); 0: unbounded, or NMT_GPU_MEM_MB.
+    # Snakemake: the rule's resource, which a profile sets (workflow/profiles/gpu).
+    gpu_mem_mb: int | None = None
+    cache: bool = True
+    # DVC runs it every time (it checks files outside DVC's view; Snakemake: at parse time)
+    always_changed: bool = False
+    report: dict = field(default_factory=dict)  # output -> Snakemake --report category
+    shared_code: list = field(default_factory=list)  # the part of code every stage runs
+
+    def code_paths(self, files: bool = False) -> list[str]:
+        """The modules it runs as repository paths: a package (models) is a folder for DVC,
+        which hashes its content, and its .py files for Snakemake, which compares times."""
+        paths = [f"{CODE}/{c}" for c in self.code]
+        if not files:
+            return paths
+        return [str(f) for p in paths for f in
+                (sorted(Path(p).rglob("*.py")) if Path(p).is_dir() else [Path(p)])]
+
+    def outputs(self) -> list[str]:
+        """Every file or folder it writes: outs, metrics and plots."""
+        return self.outs + self.metrics + self.plots
+
+    def list_key(self, dimension: str) -> str:
+        """The params.yaml list whose items a per dimension runs over (pipeline.seeds, ...)."""
+        return self.models_from if dimension == "model" else f"pipeline.{dimension}s"
+
+    def per_values(self, params: dict) -> dict[str, list]:
+        """Each per dimension's items in params: its jobs are every combination of them."""
+        return {d: lookup(params, self.list_key(d)) for d in self.per}
+
+
+def load(path: Path = DECLARATION) -> dict[str, Stage]:
+    spec = yaml.safe_load(Path(path).read_text())
+    shared = spec.get("shared_code", [])
+    stages = {}
+    for name, s in spec["stages"].items():
+        stages[name] = Stage(name=name, **{**s, "code": shared + s.get("code", [])},
+                             shared_code=shared)
+    return stages
+
+
+def is_dir(path: str) -> bool:
+    """Outputs without a file suffix are folders (data/raw, translations, figures)."""
+    return "." not in Path(path).name
+
+
+def dvc_text(text: str) -> str:
+    """{recipe} -> ${item.recipe}, {bench} -> ${bench.recipe}, {corpus} ->
+    ${pipeline.recipes[0]}: DVC's templating."""
+    for d in DIMENSIONS:
+        text = text.replace("{" + d + "}", "${item." + d + "}")
+    return text.replace("{bench}", "${bench.recipe}").replace("{corpus}",
+                                                              "${pipeline.recipes[0]}")
+
+
+def dvc_stage(s: Stage) -> dict:
+    """One stage of dvc.yaml."""
+    out: dict = {}
+    if s.per:
+        out["matrix"] = {d: f"${{{s.list_key(d)}}}" for d in s.per}
+    out["cmd"] = dvc_text(s.cmd).replace("{threads}", str(s.threads))
+    if s.gpu_mem_mb is not None:  # DVC has no resources: the declared bound (the variable)
+        out["cmd"] = out["cmd"].replace("{gpu_mem_mb}", str(s.gpu_mem_mb))
+    out["deps"] = s.code_paths() + [dvc_text(d) for d in s.deps]
+    params = [{"params.yaml": None} if k == "params.yaml" else k for k in s.params]
+    if s.recipe_params:
+        params.append({dvc_text("params/{recipe}.yaml"): s.recipe_params})
+    if s.bench_params:
+        params.append({dvc_text("params/{bench}.yaml"): s.bench_params})
+    if s.corpus_params:
+        params.append({dvc_text("params/{corpus}.yaml"): s.corpus_params})
+    if params:
+        out["params"] = params
+    opts = {} if s.cache else {"cache": False}
+    out["outs"] = [{dvc_text(o): dict(opts)} if opts else dvc_text(o) for o in s.outs]
+    if s.metrics:
+        out["metrics"] = [{dvc_text(m): dict(opts)} if opts else dvc_text(m) for m in s.metrics]
+    if s.always_changed:
+        out["always_changed"] = True
+    if s.plots:
+        out["plots"] = [{dvc_text(p): {"x": "epoch", "y": "valid_loss"}} for p in s.plots]
+    return out
+
+
+HEADER = """\
+# GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
+# Snakemake's rules, workflow/rules/stages.smk, are rendered from the same declaration.
+"""
+
+
+# `dvc plots show` / `dvc plots diff`: the loss curves of every run on one chart each, from
+# the report's tidy reports/curves.csv, coloured by run (template .dvc/plots/by_run.json).
+PLOTS = [{f"{split} loss": {"x": "epoch", "y": {"reports/curves.csv": f"{split}_loss"},
+                            "template": "by_run"}} for split in ("valid", "train")]
+
+
+def render_dvc(path: Path = DECLARATION) -> str:
+    stages = {name: dvc_stage(s) for name, s in load(path).items()}
+    body = yaml.safe_dump({"stages": stages, "plots": PLOTS}, sort_keys=False, width=100)
+    return HEADER + body
+
+
+# ---- Snakemake: workflow/rules/stages.smk, one plain rule per stage -------------------------
+
+SNAKEMAKE_RULES = Path("workflow/rules/stages.smk")
+CONDA_ENV = "../envs/nmt.yaml"  # workflow/envs/nmt.yaml, relative to the rules file
+# What workflow/Snakefile names before it includes the rules: the lists a placeholder that is
+# not one of the job's wildcards expands over ({bench}: bench.recipe).
+LIST_NAMES = {"recipe": "RECIPES", "model": "MODELS", "seed": "SEEDS", "bench": "BENCH"}
+SNAKEMAKE_NAMES = {"threads", "input", "output", "log", "params", "wildcards", "resources"}
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+WIDTH = 100
+
+
+def placeholders(text: str) -> list[str]:
+    return list(dict.fromkeys(PLACEHOLDER.findall(text)))
+
+
+def input_templates(stage: Stage, stages: dict) -> list[tuple[str, list[str]]]:
+    """Its deps as Snakemake inputs: each a path, and its placeholders that are not the job's
+    wildcards, to expand over every value. A folder that other stages write into (results,
+    data/vocab) stands for every file they write there, over all their runs, as Snakemake
+    needs files, not a folder, as inputs."""
+    found = []
+    for dep in stage.deps:
+        own = any(o == dep for s in stages.values() for o in s.outs)
+        inside = [p for s in stages.values() if s is not stage for p in s.outputs()
+                  if p.startswith(f"{dep}/")]
+        if own or not inside:
+            found.append((dep, [n for n in placeholders(dep) if n not in stage.per]))
+        else:
+            found += [(p, placeholders(p)) for p in inside]
+    return found
+
+
+def lookup(section: dict, key: str):
+    for part in key.split("."):
+        section = section[part]
+    return section
+
+
+def declared_values(config: dict, params=(), recipe_params=(), bench_params=(),
+                    corpus_params=(), recipe: str | None = None) -> str:
+    """The values of the keys a stage declares, as JSON: the `values` param of its rule, so
+    Snakemake re-runs a job when one changes. params: keys of params.yaml (`params.yaml`: all
+    of it); recipe_params: of the job's resolved recipe; bench_params: of bench.recipe's;
+    corpus_params: of pipeline.recipes[0]'s."""
+    from nmt.pipeline.recipes import resolve
+
+    out = {k: lookup(config, k) for k in params if k != "params.yaml"}
+    if "params.yaml" in params:
+        out["params.yaml"] = config
+    for keys, name in ((recipe_params, recipe), (bench_params, config["bench"]["recipe"]),
+                       (corpus_params, config["pipeline"]["recipes"][0])):
+        if keys:
+            resolved = resolve(config, name)
+            out |= {f"{name}:{k}": lookup(resolved, k) for k in keys}
+    return json.dumps(out, sort_keys=True)
+
+
+def log_path(stage: Stage) -> str:
+    return "logs/" + "-".join([stage.name] + [f"{{{d}}}" for d in stage.per]) + ".log"
+
+
+def quote(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # a Python string literal, double-quoted
+
+
+def call(name: str, args: list[str], indent: int) -> str:
+    """name(args...) on one line if it fits; else the first argument, then the others on one
+    line under it, or one a line."""
+    one = f"{name}({', '.join(args)})"
+    if "\n" not in one and indent + len(one) < WIDTH:
+        return one
+    pad = "\n" + " " * (indent + len(name) + 1)
+    rest = ", ".join(args[1:])
+    if len(args) > 2 and "\n" not in rest and len(pad) - 1 + len(rest) + 2 < WIDTH:
+        return f"{name}({args[0]},{pad}{rest})"
+    return f"{name}(" + f",{pad}".join(args) + ")"
+
+
+def path_expr(path: str, names: list[str], indent: int = 8) -> str:
+    """A literal path, or expand() over the lists of names ({{kept}}: the job's wildcards)."""
+    if not names:
+        return quote(path)
+    kept = PLACEHOLDER.sub(lambda m: m.group(0) if m.group(1) in names else "{" + m.group(0)
+                           + "}", path)
+    return call("expand", [quote(kept)] + [f"{n}={LIST_NAMES[n]}" for n in names], indent)
+
+
+def key_list(keys: list[str], indent: int) -> str:
+    """["a", "b", ...], wrapped under its opening bracket; the last line leaves room for the
+    `),` that closes the rule's call after it."""
+    lines, line = [], "["
+    for i, k in enumerate(keys):
+        last = i == len(keys) - 1
+        item = quote(k) + ("]" if last else ", ")
+        if len(line) > 1 and indent + len(line) + len(item.rstrip()) + 2 * last >= WIDTH:
+            lines.append(line.rstrip())
+            line = " "
+        line += item
+    return "\n".join(lines + [line]).replace("\n", "\n" + " " * indent)
+
+
+def shell_command(stage: Stage) -> str:
+    """Its cmd with Snakemake's names: {recipe} is {wildcards.recipe}, {bench} {params.bench};
+    Snakemake's own ({threads}, ...) stay; stderr goes to the rule's log."""
+    def name(m):
+        n = m.group(1)
+        if n in stage.per:
+            return f"{{wildcards.{n}}}"
+        if n == "bench":
+            return "{params.bench}"
+        if n == "gpu_mem_mb" and stage.gpu_mem_mb is not None:
+            return "{resources.gpu_mem_mb}"
+        if n in SNAKEMAKE_NAMES:
+            return m.group(0)
+        raise ValueError(f"stage {stage.name}: {m.group(0)} in its cmd is none of its "
+                         f"wildcards {stage.per}, {{bench}}, a declared {{gpu_mem_mb}} or "
+                         f"{sorted(SNAKEMAKE_NAMES)}")
+    return PLACEHOLDER.sub(name, stage.cmd) + " 2> {log}"
+
+
+def shell_lines(command: str, indent: int = 8) -> list[str]:
+    """The command as string literals (Python joins them) of at most WIDTH columns, broken
+    before an option (--name and its value) or the redirection, not inside one."""
+    parts, lines, line = re.split(r" (?=--|2> )", command), [], ""
+    for part in parts:
+        if line and indent + len(quote(line + " " + part)) >= WIDTH:
+            lines.append(line)
+            line = " " + part
+        else:
+            line = f"{line} {part}" if line else part
+    return [" " * indent + quote(x) for x in lines + [line]]
+
+
+def code_items(modules: list[str]) -> list[str]:
+    """Modules as input items: a file, or a package's .py files (package() in common.smk)."""
+    return [f"*package({quote(f'{CODE}/{c}')})" if is_dir(c) else quote(f"{CODE}/{c}")
+            for c in modules]
+
+
+def output_expr(stage: Stage, path: str) -> str:
+    names = [n for n in placeholders(path) if n not in stage.per]
+    category = stage.report.get(path)
+    if names and (is_dir(path) or category):
+        raise ValueError(f"stage {stage.name}: output {path} is a folder or a report item "
+                         "and holds placeholders that are not its wildcards")
+    out = path_expr(path, names)
+    if is_dir(path):
+        out = f"directory({out})"
+        if category:
+            return f'report({out}, patterns=["{{name}}.png"], category={quote(category)})'
+    return f"report({out}, category={quote(category)})" if category else out
+
+
+def constraint_lines(stage: Stage) -> list[str]:
+    """A stage whose models come from another list (models_from) matches only its names, so
+    that Snakemake, like DVC, has no job for the models outside it (listed(): common.smk)."""
+    if "model" not in stage.per or stage.models_from == DEFAULT_MODELS:
+        return []
+    return ["    wildcard_constraints:", f"        model=listed({quote(stage.models_from)}),"]
+
+
+def smk_rule(stage: Stage, stages: dict) -> str:
+    """One plain rule: input (deps, then code=), output, params, threads, resources, log,
+    conda, shell."""
+    lines = [f"rule {stage.name}:", "    input:"]
+    lines += [f"        {path_expr(p, names)}," for p, names in input_templates(stage, stages)]
+    own = [c for c in stage.code if c not in stage.shared_code]
+    lines += ["        code=[", "            *SHARED_CODE,"]
+    lines += [f"            {item}," for item in code_items(own)] + ["        ],"]
+    lines += ["    output:"] + [f"        {output_expr(stage, p)}," for p in stage.outputs()]
+    lines += constraint_lines(stage)
+    declared = {k: v for k, v in (("params", stage.params), ("recipe_params",
+                stage.recipe_params), ("bench_params", stage.bench_params),
+                ("corpus_params", stage.corpus_params)) if v}
+    if "recipe_params" in declared and "recipe" not in stage.per:
+        raise ValueError(f"stage {stage.name}: recipe_params, but it does not run per recipe")
+    uses_bench = "bench" in placeholders(stage.cmd)
+    if declared or uses_bench:
+        lines.append("    params:")
+    if declared:
+        args = [f"{k}={key_list(v, 8 + len('values=declared(') + len(k) + 1)}"
+                for k, v in declared.items()]
+        lines.append(f"        values={call('declared', args, 8 + len('values='))},")
+    if uses_bench:
+        lines.append("        bench=BENCH,")
+    if stage.threads != 1:
+        lines.append(f"    threads: {stage.threads}")
+    if stage.gpu:
+        if isinstance(stage.gpu, str) and "recipe" not in stage.per:
+            raise ValueError(f"stage {stage.name}: gpu {stage.gpu} is a recipe key, but it "
+                             "does not run per recipe")
+        gpu = stage.gpu if isinstance(stage.gpu, int) else f"from_recipe({quote(stage.gpu)})"
+        lines += ["    resources:", f"        gpu={gpu},"]
+    if stage.gpu_mem_mb is not None:
+        lines += [] if stage.gpu else ["    resources:"]
+        lines.append(f"        gpu_mem_mb={stage.gpu_mem_mb},")
+    lines += ["    log:", f"        {quote(log_path(stage))},", "    conda:",
+              f"        {quote(CONDA_ENV)}", "    shell:"] + shell_lines(shell_command(stage))
+    return "\n".join(lines) + "\n"
+
+
+SMK_HEADER = """\
+# GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
+# Snakemake's rules, one a stage: the commands dvc.yaml runs, on the same files.
+# workflow/Snakefile names RECIPES, MODELS, SEEDS (pipeline.*) and BENCH (bench.recipe) before
+# it includes this file; declared(), from_recipe() and listed() are in rules/common.smk.
+# params.values holds the values of the keys the stage declares (params.yaml, its recipe's):
+# Snakemake re-runs a job when its params change, so an edit re-runs exactly what reads it.
+"""
+
+
+def render_snakemake(path: Path = DECLARATION) -> str:
+    stages = load(path)
+    shared = next(iter(stages.values())).shared_code
+    head = ["# The modules every `nmt` command runs (shared_code); each rule adds its own.",
+            "SHARED_CODE = ["] + [f"    {item}," for item in code_items(shared)] + ["]"]
+    return "\n\n".join([SMK_HEADER + "\n" + "\n".join(head) + "\n"]
+                       + [smk_rule(s, stages) for s in stages.values()])
+
+
+# ---- both ---------------------------------------------------------------------------------
+
+def rendered(path: Path = DECLARATION) -> dict[Path, str]:
+    """Every file rendered from the declaration (`nmt stages --write`), by its path."""
+    return {Path("dvc.yaml"): render_dvc(path), SNAKEMAKE_RULES: render_snakemake(path)}

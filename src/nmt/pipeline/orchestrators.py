@@ -1,0 +1,99 @@
+"""One orchestrator at a time in a folder: `dvc repro` and `snakemake` both delete a stage's
+outputs before they run it, so the second one started would delete files the first one's jobs
+are reading.
+
+DVC marks its run itself: `.dvc/tmp/lock`, an flock that `dvc repro` holds to the end (two
+DVC commands already refuse each other through it). Snakemake holds no such lock, so its
+`onstart` writes a marker, `.snakemake/nmt-running.<pid>`, removed by `onsuccess`/`onerror`.
+Every `nmt` stage command, and Snakemake's `onstart`, refuse when the other tool holds the
+folder and is not the process that started them. A marker or lock of a process that is gone
+(a killed run) blocks nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+import psutil
+
+from nmt.core.errors import NmtError
+
+DVC_LOCK = Path(".dvc/tmp/lock")
+MARKERS = Path(".snakemake")  # holds nmt-running.<pid>, one a running Snakemake
+
+
+def _is_mine(pid: int) -> bool:
+    """pid is this process or one of its ancestors (the orchestrator that started it)."""
+    me = psutil.Process()
+    return pid == me.pid or pid in {p.pid for p in me.parents()}
+
+
+def _alive(pid: int, name: str) -> bool:
+    """pid is a live process whose command line names `name` (not a reused pid)."""
+    try:
+        return any(name in part for part in psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def dvc_holder(root: Path = Path(".")) -> int | None:
+    """The pid of the DVC command holding root's repository lock, else None. Probing takes the
+    lock for an instant; a DVC starting just then retries for seconds, as it does anyway."""
+    path = root / DVC_LOCK
+    if not path.is_file():
+        return None
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            text = f.read().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return None
+
+
+def snakemake_holders(root: Path = Path(".")) -> list[int]:
+    """The pids of the Snakemake runs of this host holding root (their markers name them).
+    A marker written on another host (a cluster's login node) cannot be checked from here:
+    its jobs run on this one."""
+    pids = []
+    for marker in sorted((root / MARKERS).glob("nmt-running.*")):
+        try:
+            info = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("host") == socket.gethostname() and _alive(info["pid"], "snakemake"):
+            pids.append(info["pid"])
+    return pids
+
+
+def refuse_others(root: Path = Path("."), doing: str = "this command") -> None:
+    """Stop with one line when the other orchestrator runs in root and did not start us."""
+    dvc = dvc_holder(root)
+    if dvc is not None and not (dvc > 0 and _is_mine(dvc)):
+        who = f"dvc (pid {dvc})" if dvc > 0 else "dvc"
+        raise NmtError(f"{who} is running in this folder and {doing} would change files "
+                       "its stages read (fix: wait for it to finish, or stop it, then run again)")
+    for pid in snakemake_holders(root):
+        if not _is_mine(pid):
+            raise NmtError(f"snakemake (pid {pid}) is running in this folder and {doing} "
+                           "would change files its jobs read (fix: wait for it to finish, or "
+                           "stop it, then run again)")
+
+
+def claim_for_snakemake(root: Path = Path(".")) -> None:
+    """Snakemake's onstart: refuse if DVC holds the folder, else mark it as Snakemake's."""
+    refuse_others(root, "snakemake")
+    marker = root / MARKERS / f"nmt-running.{os.getpid()}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
+
+
+def release_for_snakemake(root: Path = Path(".")) -> None:
+    """Snakemake's onsuccess and onerror: remove this run's marker."""
+    (root / MARKERS / f"nmt-running.{os.getpid()}").unlink(missing_ok=True)

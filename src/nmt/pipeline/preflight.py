@@ -1,0 +1,124 @@
+"""What can be checked before any job starts, so that neither orchestrator deletes a trained
+model (or any output) for a job that was bound to fail.
+
+Both tools delete a stage's outputs before they run it. So these run first: DVC's config
+stage (the first stage `dvc repro` runs after any params edit) calls `check_settings`;
+Snakemake calls `check_settings` and `check_inputs` when it parses the workflow and
+`check_devices` in its onstart (on the machine that runs the jobs; a cluster's login node
+has no GPU). Every problem is one NmtError line naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from nmt.core.errors import NmtError
+from nmt.core.files import not_a_folder, sha256
+from nmt.pipeline.corpus import (
+    PINS,
+    corpus_recipe,
+    corpus_settings,
+    local_files,
+    raw_names,
+    read_sums,
+)
+from nmt.pipeline.recipes import resolve
+
+# Where stages write (logs: Snakemake's); each, or its nearest existing parent, must be writable.
+OUTPUT_FOLDERS = ("data", "params", "results", "reports", "logs")
+RECORD = "SHA256SUMS"  # files, huggingface: what nmt download wrote into data/raw
+
+
+def check_settings(params: dict, root: Path = Path(".")) -> None:
+    """What needs no GPU to check: the corpus's files are there (multi30k: each has its pin;
+    files: each exists), every output is writable."""
+    data = corpus_settings(params)["data"]
+    at = (f"recipes.{corpus_recipe(params)}.data"
+          if "data" in params["recipes"][corpus_recipe(params)] else "data")
+    if data["corpus"] == "multi30k":
+        pinned = read_sums(root / PINS)
+        for name in raw_names(data):
+            if name not in pinned:
+                raise NmtError(f"params.yaml: {at}.testsets: {name} has no pinned sha256 in "
+                               f"{PINS} (fix: add its `sha256sum` line there, or remove the "
+                               "test set)")
+    if data["corpus"] == "files":
+        for name, path in local_files(data, root).items():
+            if not path.is_file():
+                split, lang, _ = name.split(".")
+                raise NmtError(f"params.yaml: {at}.files.{split}.{lang}: {path} does not exist "
+                               "(fix: correct the path; relative paths start at the project "
+                               "folder)")
+    for folder in OUTPUT_FOLDERS:
+        if (root / folder).exists() and not (root / folder).is_dir():
+            raise NmtError(not_a_folder(root / folder))
+        for path in writable_needed(root / folder):
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise NmtError(f"{path}: not writable, and the pipeline writes there (fix: "
+                               f"chmod u+w {path}, or run in a copy you may write)")
+
+
+def writable_needed(folder: Path) -> list[Path]:
+    """Folders a stage writes into: folder and every folder under it, or, if it does not
+    exist yet, its nearest existing parent (where it will be made)."""
+    if not folder.exists():
+        parent = folder.parent
+        while not parent.exists():
+            parent = parent.parent
+        return [parent]
+    return [folder] + [Path(d) / sub for d, subs, _ in os.walk(folder) for sub in subs]
+
+
+def check_devices(params: dict) -> None:
+    """Each recipe the pipeline trains finds the GPUs it asks for: train.device cuda[:N], or
+    train.devices N on CUDA (auto with a GPU present). auto without a GPU trains on the CPU."""
+    for name in params["pipeline"]["recipes"]:
+        train = resolve(params, name)["train"]
+        device, devices = train["device"], train["devices"]
+        if not device.startswith("cuda") and devices == 1:
+            continue  # no torch import for the common case
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        at = f"recipes.{name}" if "train" in params["recipes"][name] else "train"
+        index = int(device.partition(":")[2] or 0)
+        if device.startswith("cuda") and index >= visible:
+            raise NmtError(f"params.yaml: {at}: train.device {device!r} asked for, but "
+                           f"{visible or 'no'} CUDA GPU{'s are' if visible != 1 else ' is'} "
+                           "visible (fix: train.device: auto, which uses the CPU without one)")
+        if (device.startswith("cuda") or (device == "auto" and visible)) and devices > visible:
+            raise NmtError(f"params.yaml: {at}: train.devices is {devices}, but {visible} GPUs "
+                           f"are visible (fix: train.devices: {visible} or fewer)")
+
+
+def check_inputs(params: dict, root: Path = Path(".")) -> None:
+    """Files inside data/raw and data/tokenized changed after their stage wrote them. The
+    stages declare these folders, whose time stamps do not change when a file inside does,
+    so Snakemake would go on with a damaged file (DVC hashes the content and notices)."""
+    raw = root / "data" / "raw"
+    sums = raw / RECORD if (raw / RECORD).is_file() else root / PINS
+    pinned = read_sums(sums)
+    for name in raw_names(corpus_settings(params)["data"]):
+        path = raw / name
+        if path.is_file() and name in pinned and sha256(path) != pinned[name]:
+            raise damaged(path, f"its sha256 differs from {sums}", raw)
+    tokenized = root / "data" / "tokenized"
+    stats = tokenized / "stats.json"
+    if not stats.is_file():
+        return  # not tokenized yet (or half written: tokenize renames its folder when done)
+    for key, counts in json.loads(stats.read_text()).items():
+        # tokenize.words: false writes no .tok files (and no token counts)
+        for ext in ("txt", "tok") if "tokens" in counts else ("txt",):
+            path = tokenized / f"{key}.{ext}"
+            lines = path.read_bytes().count(b"\n") if path.is_file() else None
+            if lines != counts["sentences"]:
+                found = "it is missing" if lines is None else f"it has {lines} lines"
+                raise damaged(path, f"{found}, tokenize wrote {counts['sentences']}", tokenized)
+
+
+def damaged(path: Path, why: str, folder: Path) -> NmtError:
+    return NmtError(f"{path}: changed since its stage wrote it: {why} (fix: rm -r {folder}, "
+                    "then run snakemake again; it re-creates the folder and what depends on it)")
+

@@ -1,0 +1,316 @@
+"""`nmt bench`: training and decoding speed of both models on the same real data, one process.
+
+Both models hold the same weights (through the state-dict mapping), so they do the same work.
+Training: the same batches through both models (Adam steps), in target tokens per second.
+Decoding: the same test sentences, greedy and beam search, in sentences per second. Each
+figure is the median of several repeats that alternate between the models, after an untimed
+warm-up pass. Ratios are scratch / baseline: > 1 means the scratch model is faster. Training
+steps and decoding run in the recipe's train.precision as nmt train and evaluate resolve it
+(decoding on a CPU: fp32 under `auto`).
+Model FLOPs utilisation (MFU) is the steps' model FLOPs a second over a peak: on CUDA the GPU's
+dense bf16 peak from its data sheet; on the CPU the machine's own, measured by a short
+calibration (the fastest of a few large matrix products, in fp32 and in bf16). On CUDA it also
+reports peak memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import torch
+
+from nmt.core.codecs import PAD_ID, load_codecs
+from nmt.core.data import Batches, load_pairs, padding_fraction
+from nmt.core.decoding import DecodeConfig, translate_batches
+from nmt.core.files import write_json
+from nmt.core.graphs import GraphedUpdates, capturable_adam, update_body
+from nmt.core.loss import token_loss
+from nmt.core.runtime import (
+    autocast,
+    bound_gpu_memory,
+    pick_device,
+    resolve_precision,
+    seed_everything,
+)
+from nmt.models import ModelConfig, build_model
+from nmt.models.mapping import baseline_to_scratch
+
+log = logging.getLogger("nmt.bench")
+
+# Dense bf16 tensor-core peaks of GPUs (FLOP/s, data sheets), for MFU on CUDA.
+BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
+# The CPU's calibration: the fastest of the products of two square matrices of this size
+# (2 x 2048^3 = 17 GFLOP each: 55-70 ms in fp32 and 9-17 ms in bf16 on 2 cores with AMX)
+# repeated for CALIBRATION_SECONDS, after one untimed. On this repository's 2-core VM the best
+# of one calibration varied between processes: 179-322 GFLOP/s fp32, 844-2,150 bf16.
+CALIBRATION_SIZE, CALIBRATION_SECONDS = 2048, 0.5
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_flops(device: torch.device) -> dict:
+    """The peaks MFU is taken of, in FLOP/s by precision: a GPU's dense bf16 peak from its data
+    sheet (none for a GPU the table lacks); on the CPU each precision's measured matmul_peak."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in BF16_PEAK.items() if k in name), None)
+        return {"bf16": peak} if peak else {}
+    return {precision: matmul_peak(dtype, device) for precision, dtype in DTYPES.items()}
+
+
+@torch.inference_mode()
+def matmul_peak(dtype: torch.dtype, device: torch.device, size: int = CALIBRATION_SIZE,
+                seconds: float = CALIBRATION_SECONDS) -> float:
+    """FLOP/s of the fastest product of two size x size matrices in dtype, of those `seconds`
+    allow (5 at least), on this process's threads: what the machine's matrix units give."""
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    a @ b  # untimed: kernel selection, memory
+    times: list[float] = []
+    while len(times) < 5 or sum(times) < seconds:
+        sync(device)
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / min(times)
+
+
+def train_flops(cfg: ModelConfig, tgt_vocab_size: int, batches) -> float:
+    """Model FLOPs of one pass over batches (forward and backward): 6 x the weights each real
+    token passes through, + attention's products. A source token passes through the encoder
+    and each decoder layer's cross-attention keys and values; a target token through the
+    decoder's other projections, its FFNs and the generator."""
+    d, ff = cfg.d_model, cfg.dim_feedforward
+    per_source = (cfg.num_encoder_layers * (4 * d * d + 2 * d * ff)  # attention + FFN
+                  + cfg.num_decoder_layers * 2 * d * d)  # cross-attention keys and values
+    per_target = (cfg.num_decoder_layers * (6 * d * d + 2 * d * ff)  # self: 4, cross: 2 d*d
+                  + tgt_vocab_size * d)  # the generator
+    total = 0.0
+    for src, tgt in batches:
+        s, t = (src != PAD_ID).sum().item(), (tgt[:, 1:] != PAD_ID).sum().item()
+        S, T = src.shape[1], tgt.shape[1] - 1
+        # QK^T and AV: 2 matmuls x 2 FLOPs x 3 (forward + backward) = 12 per (query, key, dim).
+        attn = 12 * d * (cfg.num_encoder_layers * s * S + cfg.num_decoder_layers * t * (T + S))
+        total += 6 * (per_source * s + per_target * t) + attn
+    return total
+
+
+def make_step(model, device, graphs: bool = False, precision: str = "fp32"):
+    """One Adam training step of `model` on a batch in `precision`, as nmt train takes it:
+    eagerly, or with `graphs` (CUDA) replayed as a CUDA graph per batch shape (nmt.core.graphs)."""
+    if graphs:
+        return graphed_step(model, device, precision)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                           fused=device.type == "cuda")
+
+    def step(src, tgt):
+        loss, n = token_loss(model, src, tgt, device, precision=precision)
+        opt.zero_grad(set_to_none=True)
+        (loss / n).backward()
+        opt.step()
+
+    return step
+
+
+def graphed_step(model, device, precision: str):
+    """make_step's step through nmt.core.graphs, with the capturable Adam nmt train uses there."""
+    opt = capturable_adam(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, device)
+    updates = GraphedUpdates(update_body(model, opt, device, precision=precision), opt, device)
+    return lambda src, tgt: updates(src, tgt, float((tgt[:, 1:] != PAD_ID).sum()))
+
+
+def decoder(model, sources, device, dc: DecodeConfig, precision: str = "fp32"):
+    """A function that decodes every source once, batched as nmt evaluate does, in
+    `precision` (as evaluate decodes: resolve_precision(..., decoding=True))."""
+
+    def decode():
+        with autocast(device, precision):
+            translate_batches(model, sources, dc, progress=False)
+
+    return decode
+
+
+def interleaved(runs: dict, repeats: int, device) -> tuple[dict, dict]:
+    """Median seconds of each run, repeats alternating between runs so that drift in the
+    machine's speed (other load, clocks) hits all of them alike; also peak memory (CUDA)."""
+    times, peak = {name: [] for name in runs}, {name: 0 for name in runs}
+    for run in runs.values():  # an untimed warm-up pass: allocator, kernel selection
+        run()
+    for _ in range(repeats):
+        for name, run in runs.items():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            sync(device)
+            start = time.perf_counter()
+            run()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+            if device.type == "cuda":
+                peak[name] = max(peak[name], torch.cuda.max_memory_allocated(device))
+    return {name: statistics.median(t) for name, t in times.items()}, peak
+
+
+@dataclass(frozen=True)
+class Paths:
+    tokenized: Path  # data/tokenized: training batches and test sentences
+    vocab: Path  # data/vocab/<recipe>
+    json: Path | None = None  # results/bench.json: the figures, if given
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What to measure: params' bench: section, each value overridable on the command line."""
+
+    recipe: str  # whose model, batches and decoding settings
+    steps: int  # timed training steps a repeat
+    repeats: int  # the median of this many repeats is reported
+    sentences: int  # test sentences decoded
+    device: str = "auto"
+
+
+def bench(settings: dict, paths: Paths, budget: Budget) -> dict:
+    """Stage bench: training and decoding speed of baseline and scratch on the same weights
+    and data; prints a table, writes paths.json. settings: the resolved bench recipe."""
+    device = pick_device(budget.device)
+    bound_gpu_memory(device)
+    src_codec, tgt_codec = load_codecs(paths.vocab)
+    cfg = ModelConfig.from_dict(settings["model"])
+    timed, test, padding = bench_data(settings, paths.tokenized, budget, (src_codec, tgt_codec),
+                                      device)
+    testset = settings["evaluate"]["testsets"][0]
+    log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
+             device, len(timed), len(test), budget.repeats)
+    models = twin_models(cfg, len(src_codec), len(tgt_codec), device)
+    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "recipe": budget.recipe, "testset": testset, "steps": len(timed),
+           "sentences": len(test), "padding": padding}
+    precision = resolve_precision(settings["train"]["precision"], device)
+    decoding = resolve_precision(settings["train"]["precision"], device, decoding=True)
+    out["decode_precision"] = decoding
+    # Decoding first, from the shared untrained weights: every sentence runs to its limit.
+    for method in ("greedy", "beam"):
+        dc = DecodeConfig.from_params(settings["evaluate"], method, cfg.max_len - 1)
+        runs = {name: decoder(m, test, device, dc, decoding) for name, m in models.items()}
+        seconds, _ = interleaved(runs, budget.repeats, device)
+        out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
+    out |= training_speed(models, timed, budget.repeats, device, cfg, len(tgt_codec),
+                          precision)
+    for key in ("train", "greedy", "beam"):
+        out[key]["ratio"] = round(out[key]["scratch"] / out[key]["baseline"], 3)
+    print_table(out)
+    if paths.json:
+        write_json(paths.json, out)
+    return out
+
+
+def bench_data(settings: dict, tokenized: Path, budget: Budget, codecs: tuple, device):
+    """(the timed training batches on device, the test sentences to decode, the padding of the
+    recipe's training batches: padding_shares)."""
+    train, max_len = settings["train"], settings["model"]["max_len"]
+    train_pairs = load_pairs(tokenized, "train", *codecs, max_len)
+    batches = Batches(train_pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
+                      shuffle=True, seed=0, bucket=train["bucket"])
+    timed = [(src.to(device), tgt.to(device)) for src, tgt in islice(batches, budget.steps)]
+    testset = settings["evaluate"]["testsets"][0]  # the attention example and samples use it
+    test = load_pairs(tokenized, testset, *codecs, max_len)[: budget.sentences]
+    return timed, test, padding_shares(train_pairs, train)
+
+
+def padding_shares(pairs: list, train: dict) -> dict:
+    """The padded share of source and target positions over one epoch of training batches
+    (seed 0): for sentence batches random and bucketed alike (train.bucket picks one), so the
+    report shows what bucketing saves; for token batches (always bucketed) theirs."""
+    if train["batch_by"] == "tokens":
+        return {"tokens": round(padding_fraction(pairs, Batches(
+            pairs, "tokens", train["batch_size"], train["max_tokens"], True).indices()), 4)}
+    return {kind: round(padding_fraction(pairs, Batches(
+        pairs, "sentences", train["batch_size"], 0, True, bucket=bucket).indices()), 4)
+        for kind, bucket in (("random", False), ("bucketed", True))}
+
+
+def twin_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, device) -> dict:
+    """baseline and scratch holding one set of weights: the same function, so the same decoded
+    lengths and the same training trajectory, and the timings compare equal work."""
+    seed_everything(0)
+    models = {"baseline": build_model("baseline", cfg, src_vocab_size, tgt_vocab_size)}
+    models["scratch"] = build_model("scratch", cfg, src_vocab_size, tgt_vocab_size)
+    models["scratch"].load_state_dict(baseline_to_scratch(models["baseline"].state_dict()))
+    return {name: m.to(device).eval() for name, m in models.items()}
+
+
+def training_speed(models: dict, timed: list, repeats: int, device, cfg: ModelConfig,
+                   tgt_vocab_size: int, precision: str) -> dict:
+    """Training tokens/s, peak memory (CUDA) and MFU of each model on the timed batches in
+    `precision` (bf16 or fp32): on CUDA with its updates replayed as CUDA graphs, as nmt train
+    runs them (eagerly, with a warning, if a capture fails; `cuda_graphs` says which was
+    timed). MFU is of the peak of the precision trained in (peak_flops; none without one)."""
+    graphs = device.type == "cuda"
+    before = peak_flops(device)  # measured before and after the steps, the higher kept: on a
+    try:                         # shared machine one calibration can catch a slow moment
+        seconds, peak = time_steps(models, timed, repeats, device, graphs, precision)
+    except (torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as error:  # noqa: BLE001 - the eager steps raise any model error again
+        if not graphs:
+            raise
+        log.warning("a CUDA graph capture failed (%s): timing eager steps", error)
+        graphs = False
+        seconds, peak = time_steps(models, timed, repeats, device, graphs, precision)
+    tokens = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt in timed)
+    flops, after = train_flops(cfg, tgt_vocab_size, timed), peak_flops(device)
+    peaks = {p: max(f, before[p]) for p, f in after.items()}
+    top = peaks.get(precision)
+    return {"train": {name: round(tokens / s, 1) for name, s in seconds.items()},
+            "precision": precision,
+            "peak_memory_mib": {n: round(p / 2**20) for n, p in peak.items()}
+            if any(peak.values()) else {},
+            "train_gflops": {n: round(flops / s / 1e9, 3) for n, s in seconds.items()},
+            "peak_gflops": {p: round(f / 1e9, 1) for p, f in peaks.items()},
+            "peak_measured": device.type == "cpu",
+            "mfu": {n: round(flops / s / top, 4) for n, s in seconds.items()} if top else {},
+            "cuda_graphs": graphs}
+
+
+def time_steps(models: dict, timed: list, repeats: int, device, graphs: bool, precision: str):
+    """interleaved()'s seconds and peak memory of each model's training steps over `timed`."""
+    steps = {name: make_step(m.train(), device, graphs, precision) for name, m in models.items()}
+    runs = {name: (lambda step=step: [step(src, tgt) for src, tgt in timed])
+            for name, step in steps.items()}
+    return interleaved(runs, repeats, device)
+
+
+def print_table(out: dict) -> None:
+    print(f"\nnmt bench: {out['device']}, recipe {out['recipe']}, {out['steps']} training steps, "
+          f"{out['sentences']} sentences decoded in {out['decode_precision']}")
+    print(f"{'':26}{'baseline':>12}{'scratch':>12}{'scratch/baseline':>18}")
+    for key, label in (("train", "train tokens/s"), ("greedy", "greedy sentences/s"),
+                       ("beam", "beam sentences/s")):
+        v = out[key]
+        print(f"{label:26}{v['baseline']:>12,.1f}{v['scratch']:>12,.1f}{v['ratio']:>18.2f}")
+    print("padding (an epoch's batches): " + ", ".join(
+        f"{kind} {share:.1%}" for kind, share in out["padding"].items()))
+    gflops = out["train_gflops"]
+    print(f"{'train GFLOP/s (' + out['precision'] + ')':26}{gflops['baseline']:>12,.1f}"
+          f"{gflops['scratch']:>12,.1f}")
+    if out["mfu"]:
+        print(f"{'MFU':26}{out['mfu']['baseline']:>12.1%}{out['mfu']['scratch']:>12.1%}"
+              f"   of {mfu_peak(out)}")
+    if out["peak_memory_mib"]:
+        v = out["peak_memory_mib"]
+        print(f"{'peak memory MiB':26}{v['baseline']:>12}{v['scratch']:>12}")
+
+
+def mfu_peak(out: dict) -> str:
+    """What bench.json's MFU is a share of, in words."""
+    peak = out["peak_gflops"][out["precision"]]
+    kind = "measured matmul peak" if out["peak_measured"] else "data-sheet dense peak"
+    return f"the {kind} in {out['precision']}, {peak:,.1f} GFLOP/s"

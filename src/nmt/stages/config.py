@@ -1,0 +1,33 @@
+"""Stage config: validate params.yaml and write one recipe's resolved settings.
+
+DVC runs it first after any params edit, so a job bound to fail stops here, before `dvc repro`
+deletes its outputs (Snakemake runs the same checks itself, when it reads the workflow). The
+file it writes, params/<recipe>.yaml, is what the recipe stages declare their keys of, so a
+params edit re-runs exactly the recipes whose values changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from nmt.core.files import write_text
+from nmt.pipeline import preflight
+from nmt.pipeline.recipes import resolve
+
+
+@dataclass(frozen=True)
+class Paths:
+    out: Path  # params/<recipe>.yaml
+
+
+def config(params: dict, recipe: str, paths: Paths) -> None:
+    """Check every section and what would make a later job fail, then write the recipe."""
+    preflight.check_settings(params)
+    preflight.check_devices(params)
+    # Written only when its content changes: an unchanged recipe keeps its bytes and mtime.
+    text = yaml.safe_dump(resolve(params, recipe), sort_keys=True)
+    if not paths.out.is_file() or paths.out.read_text() != text:
+        write_text(paths.out, text)

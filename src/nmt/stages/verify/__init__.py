@@ -1,0 +1,71 @@
+"""Stage verify: the scratch Transformer checked against torch.nn.Transformer, and the
+decoder-only model's properties, at one recipe's size on real batches.
+
+- checklist.py: Checklist (records each timed check), format_table, print_table;
+- measure.py: what both checklists measure with (check batches, max_abs_diff, tolerances);
+- equivalence.py: scratch against the baseline on shared weights, and run_checks, the whole
+  checklist;
+- decoder_only.py: the decoder-only model's property checks (it has no PyTorch twin).
+
+verify() writes run_checks's result, {"passed", "checks": [{"name", "passed", "max_abs_diff",
+"tolerance", "seconds"}], "config", "trajectory"}, to results/verify/<recipe>.json.
+"""
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt.core.codecs import PAD_ID, load_codecs
+from nmt.core.data import Batches, load_pairs
+from nmt.core.errors import NmtError
+from nmt.core.files import write_json
+from nmt.models import ModelConfig
+from nmt.stages.verify.checklist import Checklist, format_table, print_table
+from nmt.stages.verify.decoder_only import decoder_only_checks
+from nmt.stages.verify.equivalence import TRAJECTORY_STEPS, build_pair, run_checks
+from nmt.stages.verify.measure import max_abs_diff
+
+__all__ = ["Paths", "verify", "run_checks", "decoder_only_checks", "build_pair", "Checklist",
+           "format_table", "print_table", "max_abs_diff", "TRAJECTORY_STEPS"]
+
+log = logging.getLogger("nmt.verify")
+
+
+@dataclass(frozen=True)
+class Paths:
+    """What the stage reads and writes."""
+
+    tokenized: Path  # data/tokenized
+    vocab: Path  # the recipe's vocabulary folder, data/vocab/<recipe>
+    out: Path  # results/verify/<recipe>.json
+
+
+def real_batches(tokenized: Path, src_codec, tgt_codec, max_len: int) -> list:
+    """The first TRAJECTORY_STEPS published-style batches (32 sentences, shuffled) of the
+    training set: the checks need padded rows, whatever batching the recipe trains with."""
+    pairs = load_pairs(tokenized, "train", src_codec, tgt_codec, max_len)
+    if len(pairs) < 32 * TRAJECTORY_STEPS:
+        raise NmtError(f"the train split has {len(pairs)} pairs, and verify trains "
+                       f"{TRAJECTORY_STEPS} batches of 32 (fix: a corpus of at least "
+                       f"{32 * TRAJECTORY_STEPS} training pairs, or a larger "
+                       "data.max_train_pairs)")
+    return list(Batches(pairs, "sentences", 32, 0, shuffle=True, seed=0))[:TRAJECTORY_STEPS]
+
+
+def verify(settings: dict, paths: Paths) -> bool:
+    """Run the checklist at the size of settings (a resolved recipe); write the JSON."""
+    src_codec, tgt_codec = load_codecs(paths.vocab)
+    cfg = ModelConfig.from_dict(settings["model"])
+    train_batches = real_batches(paths.tokenized, src_codec, tgt_codec, cfg.max_len)
+    log.info("checking %s at d_model %d, %d+%d layers, vocab %d/%d on %d real batches",
+             paths.vocab.name, cfg.d_model, cfg.num_encoder_layers, cfg.num_decoder_layers,
+             len(src_codec), len(tgt_codec), len(train_batches))
+    result = run_checks(cfg, len(src_codec), len(tgt_codec), PAD_ID, train_batches)
+    print_table(result)
+    for c in result["checks"]:  # strict JSON: a shape mismatch measures inf, written null
+        if not math.isfinite(c["max_abs_diff"]):
+            c["max_abs_diff"] = None
+    write_json(paths.out, result)
+    log.info("wrote %s (%s)", paths.out, "all checks passed" if result["passed"] else "FAILED")
+    return result["passed"]

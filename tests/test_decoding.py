@@ -1,0 +1,129 @@
+"""Greedy and beam search against plain, one-sentence, uncached reference implementations."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
+from nmt.core.decoding import DecodeConfig, beam_search, greedy, output_limits, translate_batches
+from nmt.models import ModelConfig, build_model
+
+SRC_V, TGT_V = 40, 14  # a small target vocabulary: <eos> competes, ends come at many lengths
+A, B = 1.0, 3
+
+
+def tiny_model(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
+                      dim_feedforward=64, dropout=0.1, max_len=64)
+    model = build_model(name, cfg, SRC_V, TGT_V).eval()
+    with torch.no_grad():
+        model.generator.bias[EOS_ID] += 1.5  # some hypotheses end early, others at the limit
+    return model
+
+
+def sources(n: int, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 13, (n,), generator=g).tolist()
+    return [[BOS_ID] + torch.randint(4, SRC_V, (k,), generator=g).tolist() + [EOS_ID]
+            for k in lengths]
+
+
+def next_logp(model, src: torch.Tensor, prefix: list[int], at_limit: bool) -> torch.Tensor:
+    """Log-probabilities of the token after prefix, under the searches' shared rules."""
+    logits = model.decode(torch.tensor([[BOS_ID] + prefix]), model.encode(src), src)[0, -1]
+    logp = F.log_softmax(logits.float(), dim=-1)
+    logp[[PAD_ID, BOS_ID]] = -math.inf
+    if at_limit:
+        logp[torch.arange(TGT_V) != EOS_ID] = -math.inf
+    return logp
+
+
+def reference_greedy(model, src_ids: list[int], limit: int) -> list[int]:
+    src, out = torch.tensor([src_ids]), []
+    for t in range(limit + 1):
+        tok = int(next_logp(model, src, out, t >= limit).argmax())
+        if tok == EOS_ID:
+            break
+        out.append(tok)
+    return out
+
+
+def reference_beam(model, src_ids: list[int], k: int, alpha: float, limit: int) -> list[int]:
+    """Textbook beam search over Python lists: every hypothesis re-decoded from scratch."""
+    src = torch.tensor([src_ids])
+    alive, finished = [(0.0, [])], []  # (summed log-prob, tokens)
+    for t in range(limit + 1):
+        cands = []
+        for score, toks in alive:
+            logp = next_logp(model, src, toks, t >= limit).tolist()
+            cands += [(score + lp, toks + [w]) for w, lp in enumerate(logp) if lp > -math.inf]
+        cands = sorted(cands, key=lambda c: -c[0])[: 2 * k]
+        for rank, (score, toks) in enumerate(cands):
+            if toks[-1] == EOS_ID and rank < k:
+                finished.append((score / ((5 + len(toks)) / 6) ** alpha, toks[:-1]))
+        finished = sorted(finished, key=lambda c: -c[0])[:k]
+        alive = [c for c in cands if c[1][-1] != EOS_ID][:k]
+        if len(finished) >= k:
+            break
+    return max(finished, key=lambda c: c[0])[1]
+
+
+def limits(srcs):
+    return output_limits([len(s) - 2 for s in srcs], A, B)
+
+
+def test_output_limits():
+    assert output_limits([0, 5, 10], 1.2, 10) == [10, 16, 22]
+    assert output_limits([100], 1.2, 10, cap=63) == [63]
+
+
+@pytest.mark.parametrize("name", ["baseline", "scratch"])
+def test_batched_greedy_equals_one_sentence_at_a_time_in_input_order(name):
+    model, srcs = tiny_model(name), sources(9)
+    dc = DecodeConfig(batch_size=4, method="greedy", max_len_a=A, max_len_b=B)
+    batched = translate_batches(model, srcs, dc, progress=False)
+    lims = limits(srcs)
+    single = [greedy(model, torch.tensor([s]), n)[0] for s, n in zip(srcs, lims, strict=True)]
+    reference = [reference_greedy(model, s, n) for s, n in zip(srcs, lims, strict=True)]
+    assert batched == single == reference
+    assert all(len(h) <= n for h, n in zip(batched, lims, strict=True))
+    assert len({len(h) for h in batched}) > 2  # ends at several lengths were exercised
+
+
+@pytest.mark.parametrize("name", ["baseline", "scratch"])
+def test_beam_of_one_equals_greedy(name):
+    model, srcs = tiny_model(name), sources(12, seed=2)
+    kw = dict(batch_size=5, max_len_a=A, max_len_b=B)
+    assert (translate_batches(model, srcs, DecodeConfig(method="beam", beam_size=1, **kw))
+            == translate_batches(model, srcs, DecodeConfig(method="greedy", **kw)))
+
+
+@pytest.mark.parametrize("name", ["baseline", "scratch"])
+@pytest.mark.parametrize("k,alpha", [(3, 0.6), (4, 0.0)])
+def test_batched_beam_equals_reference(name, k, alpha):
+    model, srcs = tiny_model(name), sources(6, seed=3)
+    dc = DecodeConfig(batch_size=4, method="beam", beam_size=k, length_penalty=alpha,
+                      max_len_a=A, max_len_b=B)
+    batched = translate_batches(model, srcs, dc, progress=False)
+    reference = [reference_beam(model, s, k, alpha, n)
+                 for s, n in zip(srcs, limits(srcs), strict=True)]
+    assert batched == reference
+    assert len({len(h) for h in batched}) > 1
+
+
+def test_beam_search_accepts_one_shared_limit():
+    model, src = tiny_model("scratch"), torch.tensor(sources(1, seed=4))
+    out = beam_search(model, src, beam_size=3, length_penalty=0.6, max_len=2)
+    assert len(out) == 1 and len(out[0]) <= 2 and all(3 < i < TGT_V for i in out[0])
+
+
+def test_pairs_are_accepted_and_an_unknown_method_is_refused():
+    model, srcs = tiny_model("baseline"), sources(3)
+    pairs = [(s, [BOS_ID, EOS_ID]) for s in srcs]
+    dc = DecodeConfig(batch_size=2)
+    assert translate_batches(model, pairs, dc) == translate_batches(model, srcs, dc)
+    with pytest.raises(ValueError, match="unknown search method"):
+        translate_batches(model, srcs, DecodeConfig(method="sample"))

@@ -1,0 +1,124 @@
+"""The folders of src/nmt are layers, and imports point down only.
+
+    models    the three models                  imports nothing of nmt
+    core      what several stages share         models
+    pipeline  declaration, params, recipes, ... core, models
+    stages    one module (or package) a stage   pipeline, core, models; never another stage
+    commands  nmt commands that are no stage    stages, pipeline, core, models
+    cli.py    the `nmt` command                 everything
+
+Every import counts, a function's own included (cli and the commands import late, for speed).
+Each package's __init__ docstring says the same in words.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+SRC = REPO / "src"
+LAYERS = ("models", "core", "pipeline", "stages", "commands")
+MAY_IMPORT = {  # a layer: the layers below it that it may import (itself: see `allowed`)
+    "models": set(),
+    "core": {"models"},
+    "pipeline": {"core", "models"},
+    "stages": {"pipeline", "core", "models"},
+    "commands": {"stages", "pipeline", "core", "models"},
+}
+
+
+def place(module: str) -> tuple[str, str]:
+    """(layer, unit) of a dotted module name: nmt.stages.verify.measure -> (stages, verify);
+    nmt.cli -> (cli, cli); nmt -> (nmt, nmt)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "nmt", "nmt"
+    if parts[1] not in LAYERS:
+        return parts[1], parts[1]
+    return parts[1], parts[2] if len(parts) > 2 else ""
+
+
+def imports(path: Path, module: str) -> set[str]:
+    """Every nmt module the file imports, at its top or inside a function."""
+    out = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from . import x
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names
+                    if (SRC / (f"{base}.{a.name}".replace(".", "/") + ".py")).is_file()
+                    or (SRC / f"{base}.{a.name}".replace(".", "/")).is_dir()}
+    return {m for m in out if m == "nmt" or m.startswith("nmt.")}
+
+
+def allowed(importer: str, imported: str) -> bool:
+    (layer, unit), (to_layer, to_unit) = place(importer), place(imported)
+    if layer in ("cli", "__main__", "nmt"):
+        return True
+    if to_layer == "nmt":  # the package itself (its version): nothing below may need it
+        return False
+    if to_layer == layer:  # inside a layer: stages stay within their own stage
+        return layer != "stages" or to_unit in (unit, "")
+    return to_layer in MAY_IMPORT.get(layer, set())
+
+
+def violations(src: Path) -> list[str]:
+    found = []
+    for path in sorted((src / "nmt").rglob("*.py")):
+        rel = path.relative_to(src).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        found += [f"{module} imports {m}" for m in sorted(imports(path, module))
+                  if not allowed(module, m)]
+    return found
+
+
+def test_imports_point_down_the_layers():
+    assert violations(SRC) == []
+
+
+def test_every_module_lies_in_a_layer():
+    loose = sorted(p.name for p in (SRC / "nmt").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "cli.py"]
+    assert sorted(p.name for p in (SRC / "nmt").iterdir() if p.is_dir()
+                  and p.name != "__pycache__") == sorted(LAYERS)
+    for layer in LAYERS:  # each says what belongs there and what it may import
+        doc = ast.get_docstring(ast.parse((SRC / "nmt" / layer / "__init__.py").read_text()))
+        assert doc and "import" in doc, layer
+
+
+@pytest.mark.parametrize("where, planted", [
+    ("models/config.py", "from nmt.core.errors import NmtError"),  # models: nothing of nmt
+    ("core/data.py", "from nmt.stages.vocab import build_vocab"),  # core: no stage
+    ("core/files.py", "from nmt.pipeline import recipes"),  # core: not the pipeline
+    ("pipeline/params.py", "from nmt.stages import train"),  # pipeline: no stage
+    ("stages/evaluate.py", "from nmt.stages.train import Paths"),  # a stage: no other stage
+    ("stages/verify/measure.py", "from nmt.stages import bench"),  # (inside a package too)
+    ("stages/report.py", "from nmt.commands import translate"),  # a stage: no command
+    ("core/decoding.py", "import nmt.cli"),  # nothing but the top imports cli
+])
+def test_a_planted_upward_import_is_found(tmp_path, where, planted):
+    shutil.copytree(SRC / "nmt", tmp_path / "nmt", ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / "nmt" / where
+    text = target.read_text()
+    # Inside a function, as the late imports are: the walk finds those as well.
+    target.write_text(text + f"\n\ndef planted():\n    {planted}\n")
+    found = violations(tmp_path)
+    assert len(found) >= 1 and all(where.split("/")[0] in f for f in found), found
+
+
+def test_a_stage_may_import_its_own_package():
+    assert allowed("nmt.stages.verify", "nmt.stages.verify.measure")
+    assert allowed("nmt.stages.verify.equivalence", "nmt.stages.verify.checklist")
+    assert allowed("nmt.stages.train", "nmt.stages")  # the package's own docstring module
+    assert not allowed("nmt.stages.verify.equivalence", "nmt.stages.train")
