@@ -73,7 +73,7 @@ def stepper(data, world: World, sizes: tuple[int, int]) -> Trainer:
         {**tiny_params()["train"], "label_smoothing": 0.1, "clip_grad_norm": 0.0})
     return Trainer(config=config, paths=None, world=world, device=torch.device("cpu"),
                    precision="fp32",
-                   model=model, ddp=ddp, step_model=ddp, optimizer=opt, scheduler=sched,
+                   model=model, step_model=ddp, optimizer=opt, scheduler=sched,
                    train_batches=None, valid_batches=None, valid_references=None, tgt_codec=None,
                    checkpoint_meta={}, resume_key={})
 

@@ -122,3 +122,17 @@ def test_a_stage_may_import_its_own_package():
     assert allowed("nmt.stages.verify.equivalence", "nmt.stages.verify.checklist")
     assert allowed("nmt.stages.train", "nmt.stages")  # the package's own docstring module
     assert not allowed("nmt.stages.verify.equivalence", "nmt.stages.train")
+
+
+def test_the_readmes_layout_table_names_every_module():
+    """README.md's Layout table: a row a folder, naming each of its modules (a package by its
+    folder), so the table a newcomer reads is the tree that is there."""
+    rows = {line.split("|")[1].strip(" `"): line for line in
+            (REPO / "README.md").read_text().splitlines() if line.startswith("| `src/nmt/")}
+    for layer in ("core", "pipeline", "stages", "commands"):
+        folder = SRC / "nmt" / layer
+        row = rows[f"src/nmt/{layer}/"]
+        names = [p.name for p in folder.glob("*.py") if p.name != "__init__.py"]
+        names += [f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()]
+        missing = [n for n in sorted(names) if f"`{n}`" not in row]
+        assert not missing, f"README's row for src/nmt/{layer}/ lacks {missing}"

@@ -130,7 +130,7 @@ def setting_differences(ckpt: dict, settings: dict) -> list[str]:
     return out
 
 
-def check_settings(path: Path, ckpt: dict, settings: dict, run: Run) -> None:
+def check_trained_with(path: Path, ckpt: dict, settings: dict, run: Run) -> None:
     """The checkpoint must have been trained with the settings its run's recipe resolves to."""
     changed = setting_differences(ckpt, settings)
     if changed:
@@ -181,7 +181,7 @@ def load(path: Path, device: torch.device | str = "cpu", expect: Run | None = No
     if expect is not None:
         check_run(path, ckpt, expect)
         if settings is not None:
-            check_settings(path, ckpt, settings, expect)
+            check_trained_with(path, ckpt, settings, expect)
     return build(path, ckpt).to(device).eval(), ckpt
 
 

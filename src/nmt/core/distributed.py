@@ -123,10 +123,12 @@ def wrap(model: torch.nn.Module, world: World, device: torch.device):
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
-def no_sync(model, skip: bool):
-    """Within an update's earlier micro-batches: keep gradients local (DDP's no_sync)."""
-    if skip and isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return model.no_sync()
+def no_sync(step_model: torch.nn.Module, skip: bool):
+    """Within an update's earlier micro-batches: keep gradients local (DDP's no_sync). The
+    step's model may be compiled: its DDP wrapper is then the module torch.compile wraps."""
+    ddp = getattr(step_model, "_orig_mod", step_model)
+    if skip and isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+        return ddp.no_sync()
     return contextlib.nullcontext()
 
 

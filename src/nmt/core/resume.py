@@ -18,12 +18,11 @@ Format (a dict):
 The batch order itself is not stored: it follows from (seed, epoch) (nmt.core.data.Batches).
 
 SIGINT/SIGTERM (`StopSignals`) let the current step finish; the loop then writes the state and
-raises `Stopped` (exit 130/143). The test hook NMT_TEST_KILL_AT (`test_hook`) is read here only.
+raises `Stopped` (exit 130/143).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -39,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.core import files
+from nmt.core import faults, files
 from nmt.core.files import atomic_path
 
 log = logging.getLogger("nmt.train")
@@ -132,7 +131,7 @@ def threading_main() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-_writes = 0  # resume states this process began to write (for the test hook)
+_writes = 0  # resume states this process began to write (a fault point counts them)
 
 
 def write(path: Path, state: dict) -> None:
@@ -145,7 +144,7 @@ def write(path: Path, state: dict) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(data[: len(data) // 2])
         f.flush()
-        test_hook("save", _writes)  # killed here: half a temporary file, the old state intact
+        faults.reached("save", _writes)  # a kill here: half a temporary file, the old state intact
         f.write(data[len(data) // 2 :])
         f.flush()
         os.fsync(f.fileno())  # on disk before the rename: a power cut keeps one whole state
@@ -174,41 +173,3 @@ def remove_temporaries(paths: Iterable[Path]) -> None:
     """Delete the temporary files killed writes of `paths` left (atomic_path's .<name>.*.tmp)."""
     for path in paths:
         files.remove_temporaries(path)
-
-
-def test_hook(point: str, count: int) -> None:
-    """For tests: NMT_TEST_KILL_AT=<point>:<n>[:<SIGNAL>[:session]][@<rank>] makes this process
-    send itself SIGNAL (default KILL) when `point` happens for the n-th time.
-
-    Points: start (1: nmt train begins, before the loop's signal handling), step (after
-    optimizer update n of the run), save (half-way through writing the
-    n-th resume state of this process), valid (after the first batch of the n-th validation
-    of this process). `session`: every process of this session gets it too (an orchestrator
-    killed together with its job). @rank limits it to one process of a distributed run.
-    """
-    spec = os.environ.get("NMT_TEST_KILL_AT")
-    if not spec:
-        return
-    spec, _, rank = spec.partition("@")
-    if rank and rank != os.environ.get("RANK", "0"):
-        return
-    where, n, *rest = spec.split(":")
-    if where != point or int(n) != count:
-        return
-    sig = getattr(signal, f"SIG{rest[0] if rest else 'KILL'}")
-    if rest[1:] == ["session"]:
-        for pid in session_pids():
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-    os.kill(os.getpid(), sig)
-
-
-def session_pids() -> list[int]:
-    """The other processes of this process's session (Linux /proc)."""
-    mine, out = os.getsid(0), []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if os.getsid(int(entry.name)) == mine:
-                    out.append(int(entry.name))
-    return out

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from nmt.core import checkpoint, distributed, resume
+from nmt.core import checkpoint, distributed, faults, resume
 from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.data import Batches, load_pairs
 from nmt.core.distributed import World
@@ -140,9 +140,10 @@ class Trainer:
     world: World  # this process's rank of how many (one process: 0 of 1)
     device: torch.device
     precision: str  # bf16 or fp32: train.precision resolved on the device
-    model: torch.nn.Module  # the weights
-    ddp: torch.nn.Module  # the model, wrapped in DistributedDataParallel under torchrun
-    step_model: torch.nn.Module  # what a training step calls: ddp, maybe compiled
+    model: torch.nn.Module  # the weights: what is validated, clipped and saved
+    # What an update calls: the model, in DistributedDataParallel under torchrun, maybe
+    # compiled (distributed.no_sync finds the DDP wrapper inside it)
+    step_model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler | None  # set once the Trainer knows its updates
     train_batches: Batches
@@ -155,7 +156,7 @@ class Trainer:
     resume_key: dict  # what a resume state must match (resume.config_key)
     saved: str = ""  # where the last resume state written or found stands
     last_save: float = field(default_factory=time.monotonic)
-    validations: int = 0  # validation passes of this process (for the test hook)
+    validations: int = 0  # validation passes of this process (a fault point counts them)
     compile_failed: str = ""  # why compiling failed, when this run fell back to eager
     graphs: GraphedUpdates | None = None  # updates replayed as CUDA graphs (train.cuda_graphs)
     graphs_failed: str = ""  # why a capture failed, when this run fell back to eager updates
@@ -163,7 +164,7 @@ class Trainer:
     @property
     def compiled(self) -> bool:
         """Whether training steps run compiled (not after a failed compile fell back)."""
-        return self.step_model is not self.ddp
+        return isinstance(self.step_model, torch._dynamo.eval_frame.OptimizedModule)
 
     @property
     def run(self) -> Run:
@@ -244,7 +245,7 @@ def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
     `settings`: the resolved recipe (nmt.pipeline.recipes.resolve). Continues a matching resume
     state unless `restart`; a signal raises resume.Stopped.
     """
-    resume.test_hook("start", 1)
+    faults.reached("start", 1)
     trainer, lock = setup(settings, paths), None
     try:
         if trainer.world.main:
@@ -280,7 +281,7 @@ def fit(trainer: Trainer, progress: Progress) -> None:
                 meter.add(*update_or_fall_back(trainer, micro), batches=len(micro))
                 progress.batch += len(micro)
                 progress.step += 1
-                resume.test_hook("step", progress.step)
+                faults.reached("step", progress.step)
                 stop.signum, due = world.max([stop.signum, int(trainer.save_due())])  # agree
                 if stop.signum or due:
                     save_state(trainer, meter.read(progress))
@@ -319,10 +320,11 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     model = build_model(run.model, model_config, *vocab_sizes).to(device)
     if world.rank:  # other dropout masks on other ranks
         torch.manual_seed(run.seed + 1_000_003 * world.rank)
-    ddp = distributed.wrap(model, world, device)
+    step_model = distributed.wrap(model, world, device)
     # Batch shapes vary with sentence length: compile once for dynamic shapes, not per length.
     compile_on = resolve_compile(config.compile, device)
-    step_model = compiled(ddp) if compile_on else ddp
+    if compile_on:
+        step_model = compiled(step_model)
     graphs_on = resolve_cuda_graphs(config.cuda_graphs, device, compiled=compile_on,
                                     processes=world.size, accumulate=config.accumulate)
     optimizer = adam(model, config, device, graphs_on)
@@ -334,7 +336,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         "vocab_sha256": checkpoint.vocab_fingerprint(paths.vocab)}
     trainer = Trainer(
         config=config, paths=paths, world=world, device=device,
-        precision=resolve_precision(config.precision, device), model=model, ddp=ddp,
+        precision=resolve_precision(config.precision, device), model=model,
         step_model=step_model, optimizer=optimizer, scheduler=None,
         train_batches=train_batches, valid_batches=valid_batches,
         valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
@@ -371,7 +373,7 @@ def graph_body(trainer: Trainer):
                        clip=config.clip_grad_norm)
 
 
-def compiled(ddp: torch.nn.Module, backend: str = "inductor") -> torch.nn.Module:
+def compiled(model: torch.nn.Module, backend: str = "inductor") -> torch.nn.Module:
     """torch.compile for dynamic shapes (inductor: Triton on CUDA, C++ via gcc on the CPU):
     one graph for every batch shape. Duck shaping is off: it gives two sizes that happen to
     be equal in the first batch (32 sentences of 32 tokens) one symbol, and the first batch
@@ -384,7 +386,7 @@ def compiled(ddp: torch.nn.Module, backend: str = "inductor") -> torch.nn.Module
     counters.clear()
     compilation_time_metrics.clear()
     shape_config.use_duck_shape = False  # read when the first batch compiles
-    return torch.compile(ddp, dynamic=True, backend=backend)
+    return torch.compile(model, dynamic=True, backend=backend)
 
 
 def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
@@ -607,7 +609,7 @@ def update_or_fall_back(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.
             log.warning("a CUDA graph capture failed (%s): updating eagerly from here",
                         trainer.graphs_failed)
         elif trainer.compiled and trainer.world.size == 1:
-            trainer.compile_failed, trainer.step_model = root_cause(error), trainer.ddp
+            trainer.compile_failed, trainer.step_model = root_cause(error), trainer.model
             log.warning("torch.compile failed (%s): training eagerly from here",
                         trainer.compile_failed)
         else:
@@ -651,7 +653,7 @@ def update(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor, bool]
     for i, (src, tgt, real) in enumerate(micro):
         if device.type == "cuda":  # pinned, so that copying the batch does not wait either
             src, tgt = src.pin_memory(), tgt.pin_memory()
-        with distributed.no_sync(trainer.ddp, skip=i < len(micro) - 1):  # all-reduce on the last
+        with distributed.no_sync(trainer.step_model, skip=i < len(micro) - 1):  # all-reduce last
             loss, _ = token_loss(trainer.step_model, src, tgt, device, config.label_smoothing,
                                  precision=trainer.precision)
             # DDP averages gradients over ranks; x world size makes it their sum.
@@ -669,7 +671,7 @@ def end_epoch(trainer: Trainer, progress: Progress) -> None:
     """Validate; record the epoch's row; keep the averaging window and the best weights; count
     the epochs without a better validation loss (patience); move on to the next epoch."""
     config, started = trainer.config, time.perf_counter()
-    valid_loss = validate(trainer)
+    valid_loss = validation_loss(trainer)
     progress.valid_seconds += time.perf_counter() - started
     progress.history.append(epoch_row(trainer, progress, valid_loss))
     if config.average_last:
@@ -684,8 +686,8 @@ def end_epoch(trainer: Trainer, progress: Progress) -> None:
     progress.next_epoch()
 
 
-def validate(trainer: Trainer) -> float:
-    """Per-token cross-entropy on the validation split (runtime.corpus_loss): each rank takes
+def validation_loss(trainer: Trainer) -> float:
+    """Per-token cross-entropy on the validation split (loss.corpus_loss): each rank takes
     every world.size-th batch, the sums are all-reduced."""
     trainer.validations += 1
     batches, world = trainer.valid_batches, trainer.world
@@ -695,11 +697,11 @@ def validate(trainer: Trainer) -> float:
 
 
 def after_first(items, point: str, count: int):
-    """items, calling resume.test_hook(point, count) once the first has been used."""
+    """items, reaching the fault point (point, count) once the first has been used."""
     for i, item in enumerate(items):
         yield item
         if i == 0:
-            resume.test_hook(point, count)
+            faults.reached(point, count)
 
 
 def epoch_row(trainer: Trainer, progress: Progress, valid_loss: float) -> dict:
@@ -782,7 +784,7 @@ def average_last_epochs(trainer: Trainer, progress: Progress) -> float | None:
         return None
     trained = cpu_copy(trainer.model)
     trainer.model.load_state_dict(average_states(progress.recent))
-    averaged = validate(trainer)
+    averaged = validation_loss(trainer)
     log.info("average of the last %d epochs: valid %.4f (best single %.4f)",
              len(progress.recent), averaged, progress.best_loss)
     if averaged < progress.best_loss:

@@ -1,0 +1,56 @@
+"""Fault injection: the one place a test makes training die at a chosen moment, so that the
+tests can check that a resumed run ends exactly where an uninterrupted one does.
+
+    NMT_TEST_KILL_AT=<point>:<n>[:<SIGNAL>[:session]][@<rank>]
+
+makes the process send itself SIGNAL (default KILL) when `point` is reached for the n-th
+time. `session`: every process of its session gets the signal too (an orchestrator killed
+together with its job); @rank limits it to one process of a distributed run. Unset, which it
+always is outside tests/test_resume.py and tests/test_faults.py, `reached` returns at once.
+
+The points, each one line in the code:
+    start   nmt train begins, before the loop's signal handling (n = 1)   stages/train.py, train
+    step    after optimizer update n of the run                           stages/train.py, fit
+    valid   after the first batch of this process's n-th validation       stages/train.py
+    save    half-way through writing this process's n-th resume state     core/resume.py, write
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+ENV = "NMT_TEST_KILL_AT"
+POINTS = ("start", "step", "valid", "save")
+
+
+def reached(point: str, count: int) -> None:
+    """`point` happens for the `count`-th time: die here if NMT_TEST_KILL_AT says so."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    spec, _, rank = spec.partition("@")
+    if rank and rank != os.environ.get("RANK", "0"):
+        return
+    where, n, *rest = spec.split(":")
+    if where != point or int(n) != count:
+        return
+    sig = getattr(signal, f"SIG{rest[0] if rest else 'KILL'}")
+    if rest[1:] == ["session"]:
+        for pid in session_pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+    os.kill(os.getpid(), sig)
+
+
+def session_pids() -> list[int]:
+    """The other processes of this process's session (Linux /proc)."""
+    mine, out = os.getsid(0), []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry.name)) == mine:
+                    out.append(int(entry.name))
+    return out
