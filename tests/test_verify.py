@@ -44,10 +44,10 @@ def test_unbroken_model_passes_everything(batches, capsys):
         assert all(f"{kind} ({dtype})" in passed for dtype in ("float32", "float64", "bfloat16"))
     assert {"parameter count", "output shapes", "training trajectory (float64)"} <= set(passed)
     for c in result["checks"]:
-        assert set(c) == {"name", "passed", "max_abs_diff", "tolerance", "seconds"}
+        assert set(c) == {"name", "kind", "passed", "max_abs_diff", "tolerance", "seconds"}
     assert len(result["trajectory"]["baseline"]) == verify.TRAJECTORY_STEPS
     json.dumps(result, allow_nan=False)  # what results/verify.json will hold
-    verify.print_table(result)
+    verify.print_checklist(result)
     out = capsys.readouterr().out
     assert "training trajectory (float64)" in out and "max_abs_diff" in out
 
@@ -138,7 +138,7 @@ def padding_ignored(monkeypatch):
 
 def keys_values_swapped(monkeypatch):
     """Packed projection read as [W_q; W_v; W_k] instead of nn.MultiheadAttention's order."""
-    def project_self(self, x):
+    def project_self(self, x, positions=None):
         q, k, v = [self.split_heads(t) for t in self.qkv(x).chunk(3, dim=-1)]
         return q, v, k
 
