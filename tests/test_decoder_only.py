@@ -304,11 +304,12 @@ def test_checks_pass_on_the_real_model(cfg, batches):
     checks, passed = run(synthetic_batches(3, 4, SRC_V, v), cfg, SRC_V, v)
     assert all(passed.values()), verify.format_table({"checks": checks, "passed": False})
     assert all(c["name"].startswith("decoder_only: ") and
-               set(c) == {"name", "passed", "max_abs_diff", "tolerance", "seconds"}
+               set(c) == {"name", "kind", "passed", "max_abs_diff", "tolerance", "seconds"}
+               and c["kind"] == "property"
                for c in checks)
     mode = "prefix: source sees later source" if cfg.attention == "prefix" else \
         "causal: source sees no later source"
-    assert f"{mode} (float64)" in passed and len(checks) == 9
+    assert f"{mode} (float64)" in passed and len(checks) == 10  # 9 + gradients finite
 
 
 def test_run_checks_includes_and_gates_on_them(monkeypatch):
@@ -318,7 +319,7 @@ def test_run_checks_includes_and_gates_on_them(monkeypatch):
                             dim_feedforward=16)
     result = verify.run_checks(small, SRC_V, TGT_V, PAD_ID, big, trajectory_cfg=tiny_traj)
     names = [c["name"] for c in result["checks"] if c["name"].startswith("decoder_only: ")]
-    assert result["passed"] and len(names) == 9
+    assert result["passed"] and len(names) == 10
     assert result["config"]["decoder_only"]["layers"] == decoder_only_layers(small, SRC_V, TGT_V)
     std_layer_norm(monkeypatch)
     assert not verify.run_checks(small, SRC_V, TGT_V, PAD_ID, big,

@@ -397,3 +397,83 @@ def test_attention_drops_its_weights_with_the_cheap_mask_on_a_cpu():
     torch.manual_seed(1)
     want, _ = scaled_dot_product_attention(*attn.project_self(x), None, attn.scale, attn.dropout)
     assert torch.equal(y, attn.project_out(want))
+
+
+# --- positions: the attention hook and rotary positions ---------------------------------
+
+ROTARY = dataclasses.replace(SMALL, positions="rotary")
+
+
+def rotary_scratch(dtype=torch.float64):
+    torch.manual_seed(0)
+    return build_model("scratch", ROTARY, SRC_V, TGT_V, PAD).to(dtype).eval()
+
+
+def test_positions_validation_and_who_refuses_rotary():
+    assert ModelConfig().positions == "sinusoidal"
+    with pytest.raises(ValueError, match="unknown positions 'alibi'"):
+        ModelConfig(positions="alibi")
+    with pytest.raises(ValueError, match="even d_model / nhead"):
+        ModelConfig(d_model=12, nhead=4, positions="rotary")
+    for name in ("baseline", "decoder_only"):  # one line each, saying the fix
+        with pytest.raises(ValueError, match=r"sinusoidal positions only.*\(fix: ") as e:
+            build_model(name, ROTARY, SRC_V, TGT_V)
+        assert "\n" not in str(e.value)
+
+
+def test_the_default_hook_is_the_identity():
+    """Sinusoidal (default) models hand queries and keys through untouched: the same tensors."""
+    _, scratch = pair()
+    attn = scratch.encoder.layers[0].self_attn
+    x = torch.randn(2, SMALL.nhead, 5, SMALL.d_model // SMALL.nhead, dtype=torch.float64)
+    assert attn.rotary is None and attn.at_positions(x, None) is x
+    assert scratch.pos.table is not None
+
+
+def test_rotary_goes_through_the_hook_in_self_attention_only():
+    model = rotary_scratch()
+    assert model.pos.table is None  # no sinusoids at the embeddings
+    rotaries = {id(layer.self_attn.rotary) for layer in [*model.encoder.layers,
+                                                         *model.decoder.layers]}
+    assert len(rotaries) == 1 and None not in rotaries  # one table, every self-attention
+    assert all(layer.cross_attn.rotary is None for layer in model.decoder.layers)
+    assert n_params(model) == n_params(pair()[1])  # rotary has no weights
+    assert not any("rotary" in k for k in model.state_dict())  # checkpoints unchanged
+
+
+def test_rotary_scores_depend_on_the_distance_only():
+    """q at p and k at p' score the same as at p + s and p' + s; a plain dot product does not
+    depend on positions at all, so the rotation is there and relative."""
+    attn = rotary_scratch().encoder.layers[0].self_attn
+    q, k = torch.randn(2, 1, 1, 1, SMALL.d_model // SMALL.nhead, dtype=torch.float64)
+
+    def score(p, p2):
+        return (attn.at_positions(q, torch.tensor([p])) *
+                attn.at_positions(k, torch.tensor([p2]))).sum()
+
+    # The tables are float32 (as the sinusoids'): angles agree to float32's rounding.
+    torch.testing.assert_close(score(3, 7), score(10, 14), rtol=0, atol=1e-6)
+    assert abs(score(3, 7) - score(3, 8)) > 1e-3
+    torch.testing.assert_close(attn.at_positions(q, torch.tensor([0])), q, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_rotary_cached_decoding_fused_and_padding(dtype, atol):
+    """Every path reads the hook: step-by-step = forward, fused = math, extra padding inert."""
+    model = rotary_scratch(dtype)
+    src, tgt = padded_batch()
+    B, T = tgt.shape
+    with torch.no_grad():
+        full = model(src, tgt)
+        cache = model.init_cache(model.encode(src), src)
+        steps = torch.stack([model.decode_step(cache, tgt[:, t]) for t in range(T)], dim=1)
+        padded = model(torch.cat([src, torch.full((B, 3), PAD)], dim=1),
+                       torch.cat([tgt, torch.full((B, 2), PAD)], dim=1))
+        model.set_fused_attention(False)
+        math_path = model(src, tgt)
+    torch.testing.assert_close(steps, full, rtol=0, atol=atol)
+    torch.testing.assert_close(padded[:, :T], full, rtol=0, atol=atol)
+    torch.testing.assert_close(math_path, full, rtol=0, atol=atol)
+    _, sinusoidal = pair(dtype=dtype)
+    with torch.no_grad():
+        assert (sinusoidal(src, tgt) - full).abs().max() > 1e-3  # another model indeed

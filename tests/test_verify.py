@@ -14,6 +14,7 @@ from nmt.models.scratch import embedding as scratch_embedding
 from nmt.models.scratch import transformer as scratch_transformer
 from nmt.models.scratch.decoder import DecoderLayer
 from nmt.stages.verify import equivalence
+from nmt.stages.verify.checklist import Checklist
 from synthetic import synthetic_batches
 
 CFG = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
@@ -44,12 +45,22 @@ def test_unbroken_model_passes_everything(batches, capsys):
         assert all(f"{kind} ({dtype})" in passed for dtype in ("float32", "float64", "bfloat16"))
     assert {"parameter count", "output shapes", "training trajectory (float64)"} <= set(passed)
     for c in result["checks"]:
-        assert set(c) == {"name", "passed", "max_abs_diff", "tolerance", "seconds"}
+        assert set(c) == {"name", "kind", "passed", "max_abs_diff", "tolerance", "seconds"}
     assert len(result["trajectory"]["baseline"]) == verify.TRAJECTORY_STEPS
+    # Both kinds ran: the twin, and every model's properties.
+    assert result["twin"] and result["skipped"] == {} and "nn.Transformer" in result["twin_reason"]
+    kinds = {c["name"]: c["kind"] for c in result["checks"]}
+    assert kinds["logits (float64)"] == "twin" and kinds["training trajectory (float64)"] == "twin"
+    for model in ("scratch", "decoder_only"):
+        for prop in ("kv-cache decoding (float64)", "fused vs math attention (float64)",
+                     "padding changes nothing (float64)", "gradients finite (float64)",
+                     "parameter count"):
+            assert kinds[f"{model}: {prop}"] == "property"
     json.dumps(result, allow_nan=False)  # what results/verify.json will hold
-    verify.print_table(result)
+    verify.print_checklist(result)
     out = capsys.readouterr().out
     assert "training trajectory (float64)" in out and "max_abs_diff" in out
+    assert "twin checks: ran" in out and " property " in out
 
 
 def test_both_layer_norm_placements_are_checked(batches, monkeypatch):
@@ -138,7 +149,7 @@ def padding_ignored(monkeypatch):
 
 def keys_values_swapped(monkeypatch):
     """Packed projection read as [W_q; W_v; W_k] instead of nn.MultiheadAttention's order."""
-    def project_self(self, x):
+    def project_self(self, x, positions=None):
         q, k, v = [self.split_heads(t) for t in self.qkv(x).chunk(3, dim=-1)]
         return q, v, k
 
@@ -246,6 +257,85 @@ def test_broken_model_fails_the_right_checks(breakage, batches, monkeypatch):
     assert all(passed[name] for name in must_pass), table
 
 
+# --- a configuration without a twin: rotary positions, property checks only ---------------
+
+ROTARY = replace(CFG, positions="rotary")
+PROPERTIES = ["parameter count", "output shapes", "causality (float64)",
+              "source reaches every target position (float64)", "kv-cache decoding (float64)",
+              "padding changes nothing (float64)", "fused vs math attention (float64)",
+              "gradients finite (float64)"]
+
+
+def test_rotary_passes_on_its_properties_and_reports_no_twin(batches, capsys):
+    result = verify.run_checks(ROTARY, SRC_V, TGT_V, PAD, batches, trajectory_cfg=TRAJECTORY)
+    table = verify.format_table(result)
+    assert result["passed"], table
+    assert not result["twin"] and "sinusoidal positions only" in result["twin_reason"]
+    assert [c["name"] for c in result["checks"]] == [f"scratch: {p}" for p in PROPERTIES]
+    assert all(c["kind"] == "property" for c in result["checks"])
+    assert "decoder_only" in result["skipped"] and result["trajectory"] == {}
+    json.dumps(result, allow_nan=False)
+    verify.print_checklist(result)
+    out = capsys.readouterr().out
+    assert "twin checks: none (the baseline (torch.nn.Transformer)" in out
+    assert "decoder_only not checked: " in out
+
+
+def rotary_run(batches):
+    checks = verify.scratch_checks(ROTARY, SRC_V, TGT_V, PAD, batches)
+    return checks, {c["name"].removeprefix("scratch: "): c["passed"] for c in checks}
+
+
+def hook_skipped_in_beam_path(monkeypatch):
+    """Positions act in the full-sequence paths (math and fused) but not in the cached step's
+    beam_attention: the step's queries and keys (its explicit positions) go unrotated."""
+    at_positions = MultiHeadAttention.at_positions
+    monkeypatch.setattr(MultiHeadAttention, "at_positions", lambda self, x, positions:
+                        x if positions is not None else at_positions(self, x, positions))
+
+
+def cached_position_off_by_one(monkeypatch):
+    """Cached decoding rotates the newest position as if it were one further on."""
+    at_positions = MultiHeadAttention.at_positions
+    monkeypatch.setattr(MultiHeadAttention, "at_positions", lambda self, x, positions:
+                        at_positions(self, x, None if positions is None else positions + 1))
+
+
+ROTARY_BREAKAGES = {
+    hook_skipped_in_beam_path: (["kv-cache decoding (float64)"],
+                                [p for p in PROPERTIES if p != "kv-cache decoding (float64)"]),
+    cached_position_off_by_one: (["kv-cache decoding (float64)"],
+                                 [p for p in PROPERTIES if p != "kv-cache decoding (float64)"]),
+}
+
+
+@pytest.mark.parametrize("breakage", list(ROTARY_BREAKAGES), ids=lambda f: f.__name__)
+def test_broken_rotary_fails_the_right_property_checks(breakage, batches, monkeypatch):
+    assert all(rotary_run(batches)[1].values())  # unbroken first
+    breakage(monkeypatch)
+    checks, passed = rotary_run(batches)
+    must_fail, must_pass = ROTARY_BREAKAGES[breakage]
+    table = verify.format_table({"checks": checks, "passed": False})
+    assert not any(passed[name] for name in must_fail), table
+    assert all(passed[name] for name in must_pass), table
+    # The default (sinusoidal) model has the identity hook: the same breakage leaves it whole.
+    default = verify.scratch_checks(CFG, SRC_V, TGT_V, PAD, batches)
+    assert all(c["passed"] for c in default), verify.format_table(
+        {"checks": default, "passed": False})
+
+
+def test_a_measure_that_raises_fails_its_check_with_the_error():
+    checklist = Checklist(kind="property")
+    checklist.check("divides", 0.0, lambda: 1 / 0)
+    checklist.check("fine", 0.0, lambda: 0.0)
+    broken, fine = checklist.checks
+    assert not broken["passed"] and broken["max_abs_diff"] == float("inf")
+    assert broken["error"].startswith("ZeroDivisionError") and "error" not in fine
+    assert not checklist.passed and fine["passed"]
+    assert "divides: ZeroDivisionError" in verify.format_table(
+        {"checks": checklist.checks, "passed": False})
+
+
 def test_max_abs_diff_shapes_and_nan():
     assert verify.max_abs_diff(torch.zeros(2), torch.zeros(3)) == float("inf")
     assert verify.max_abs_diff(torch.zeros(2), torch.tensor([0.0, -0.5])) == 0.5
@@ -281,3 +371,22 @@ def test_the_stage_writes_a_failed_shape_check_as_null(prepared, tmp_path, monke
     assert written["output shapes"]["max_abs_diff"] == 3.0  # one mismatch a kind of attention
     assert written["attention weights" + F32]["max_abs_diff"] is None
     assert "attention weights (float32)" in capsys.readouterr().out
+
+
+def test_the_stage_passes_a_rotary_recipe_on_its_properties(prepared, tmp_path, capsys):
+    """model.positions rotary: no twin, the scratch model's properties pass, the JSON and the
+    table say so."""
+    from conftest import REPO
+    from nmt.pipeline.params import load_params
+    from nmt.pipeline.recipes import resolve
+
+    settings = resolve(load_params(REPO / "params.yaml"), "published")
+    assert settings["model"]["positions"] == "sinusoidal"  # the default in params.yaml
+    settings["model"].update(num_encoder_layers=1, num_decoder_layers=1, d_model=16, nhead=2,
+                             dim_feedforward=32, positions="rotary")
+    out = tmp_path / "verify.json"
+    assert verify.verify(settings, verify.Paths(prepared["tokenized"], prepared["word"], out))
+    written = json.loads(out.read_text())
+    assert written["passed"] and not written["twin"] and written["twin_reason"]
+    assert {c["kind"] for c in written["checks"]} == {"property"}
+    assert "twin checks: none" in capsys.readouterr().out

@@ -95,6 +95,10 @@ class BaselineTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
                  pad_id: int = 1):
         super().__init__()
+        if cfg.positions != "sinusoidal":
+            raise ValueError(f"the baseline (torch.nn.Transformer) has sinusoidal positions only, "
+                             f"not model.positions {cfg.positions!r} (fix: train scratch, or "
+                             "positions: sinusoidal)")
         d_model, dropout = cfg.d_model, cfg.dropout
         self.pad_id = pad_id
         with warnings.catch_warnings():  # pre-norm: "nested tensors are not used", as wanted

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+POSITIONS = ("sinusoidal", "rotary")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Sizes of the Transformer; the defaults are the published base model (6+6 layers, 512).
 
     The pipeline checks params.yaml's values against its schema before building one; this
-    class checks only what a schema cannot (d_model divisible by nhead).
+    class checks what a schema cannot (d_model divisible by nhead, even heads for rotary) and,
+    for notebooks, the one choice that would otherwise be silently ignored (positions).
     """
 
     num_encoder_layers: int = 6
@@ -27,11 +30,20 @@ class ModelConfig:
     # decoder_only: layers of its one stack (0: as many as match the encoder-decoder's size)
     decoder_only_layers: int = 0
     attention: str = "prefix"  # decoder_only over the source: prefix (bidirectional) | causal
+    # scratch: sinusoids added to the embeddings (as nn.Transformer's tutorial) | rotary (queries
+    # and keys rotated in self-attention; no twin in PyTorch, so verify checks its properties)
+    positions: str = "sinusoidal"
 
     def __post_init__(self):
         if self.d_model % self.nhead:
             raise ValueError(f"d_model {self.d_model} is not divisible by nhead {self.nhead} "
                              "(fix: make d_model a multiple of nhead)")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"unknown positions {self.positions!r} (fix: one of "
+                             f"{', '.join(POSITIONS)})")
+        if self.positions == "rotary" and (self.d_model // self.nhead) % 2:
+            raise ValueError(f"rotary positions rotate pairs of features, and a head has "
+                             f"{self.d_model // self.nhead} (fix: an even d_model / nhead)")
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:

@@ -83,6 +83,9 @@ class DecoderOnlyTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
                  pad_id: int = 1, bos_id: int = 2):
         super().__init__()
+        if cfg.positions != "sinusoidal":
+            raise ValueError(f"decoder_only has sinusoidal positions only, not model.positions "
+                             f"{cfg.positions!r} (fix: train scratch, or positions: sinusoidal)")
         self.pad_id, self.max_len = pad_id, cfg.max_len
         self.prefix = cfg.attention == "prefix"
         self.num_layers = decoder_only_layers(cfg, src_vocab_size, tgt_vocab_size)

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from nmt.models.scratch.dropout import Dropout
+from nmt.models.scratch.rotary import Rotary
 
 
 def scaled_dot_product_attention(q, k, v, mask, scale: float, dropout: nn.Dropout):
@@ -47,10 +48,17 @@ def beam_attention(q, k, v, slots, real, scale: float):
 
 
 class MultiHeadAttention(nn.Module):
-    """H attention heads over learned projections, with one packed Q/K/V weight."""
+    """H attention heads over learned projections, with one packed Q/K/V weight.
 
-    def __init__(self, d_model: int, nhead: int, dropout: float):
+    Self-attention's queries and keys pass through one position hook, at_positions, where
+    they are made (project_self): the math path, the fused path and beam_attention all read
+    what it returns. It is the identity unless `rotary` is given (cross-attention never has
+    it: source and target positions are not on one axis).
+    """
+
+    def __init__(self, d_model: int, nhead: int, dropout: float, rotary: Rotary | None = None):
         super().__init__()
+        self.rotary = rotary  # may be shared by the layers (a constant table)
         self.nhead, self.d_head = nhead, d_model // nhead
         self.scale = 1.0 / math.sqrt(self.d_head)
         # Rows [W_q; W_k; W_v], laid out as nn.MultiheadAttention's in_proj_weight.
@@ -65,9 +73,20 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.nhead, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
 
-    def project_self(self, x: torch.Tensor):
-        """Queries, keys and values of x (B, T, D) in one matmul, each (B, H, T, Dh)."""
-        return [self.split_heads(t) for t in self.qkv(x).chunk(3, dim=-1)]
+    def project_self(self, x: torch.Tensor, positions: torch.Tensor | None = None):
+        """Queries, keys and values of x (B, T, D) in one matmul, each (B, H, T, Dh); queries
+        and keys placed at positions ((T,) or (B, T); None: 0 .. T-1) by at_positions."""
+        q, k, v = [self.split_heads(t) for t in self.qkv(x).chunk(3, dim=-1)]
+        return self.at_positions(q, positions), self.at_positions(k, positions), v
+
+    def at_positions(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """The position hook: queries or keys x (B, H, T, Dh) at their positions. Identity
+        (x itself) by default, where the positions were added to the embeddings."""
+        if self.rotary is None:
+            return x
+        if positions is None:
+            positions = torch.arange(x.size(2), device=x.device)
+        return self.rotary(x, positions)
 
     def project_query(self, x: torch.Tensor) -> torch.Tensor:
         """Queries of x (B, T, D) for cross-attention: (B, H, T, Dh)."""

@@ -9,6 +9,7 @@ import torch.nn as nn
 from nmt.models.scratch.attention import MultiHeadAttention, beam_attention
 from nmt.models.scratch.dropout import Dropout
 from nmt.models.scratch.feed_forward import FeedForward
+from nmt.models.scratch.rotary import Rotary
 
 CAPACITY = 32  # positions the target's keys and values have room for; doubles when full
 
@@ -97,10 +98,10 @@ class DecoderLayer(nn.Module):
     or pre-norm with norm_first (as in EncoderLayer)."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
-                 norm_first: bool = False):
+                 norm_first: bool = False, rotary: Rotary | None = None):
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, nhead, dropout)
+        self.self_attn = MultiHeadAttention(d_model, nhead, dropout, rotary)
         self.cross_attn = MultiHeadAttention(d_model, nhead, dropout)
         self.ff = FeedForward(d_model, dim_feedforward, dropout)
         self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
@@ -119,8 +120,9 @@ class DecoderLayer(nn.Module):
     def step(self, x: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
         """The newest position of every row, x (B*K, 1, D), with the cache's earlier ones;
         stores its keys and values there. The K beams of a sentence are its K queries."""
-        K, attn = cache.beams, self.self_attn
-        q, k, v = attn.project_self(self.sublayer_input(x, self.norm1))  # (B*K, H, 1, Dh)
+        K, attn, t = cache.beams, self.self_attn, cache.length - 1  # t: the newest position
+        newest = torch.arange(t, t + 1, device=x.device)  # every slot's position t is t
+        q, k, v = attn.project_self(self.sublayer_input(x, self.norm1), newest)  # (B*K,H,1,Dh)
         keys, values = cache.write(layer, k, v)
         y = beam_attention(by_sentence(q, K), keys, values, cache.slots, cache.real, attn.scale)
         x = self.residual(x, self.dropout1(by_row(attn.project_out(y))), self.norm1)
@@ -147,10 +149,10 @@ class Decoder(nn.Module):
     """A stack of decoder layers and a final LayerNorm, as nn.TransformerDecoder has."""
 
     def __init__(self, num_layers: int, d_model: int, nhead: int, dim_feedforward: int,
-                 dropout: float, norm_first: bool = False):
+                 dropout: float, norm_first: bool = False, rotary: Rotary | None = None):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(d_model, nhead, dim_feedforward, dropout,
-                                                 norm_first) for _ in range(num_layers))
+                                                 norm_first, rotary) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x, memory, tgt_mask, memory_mask, need_weights=False):

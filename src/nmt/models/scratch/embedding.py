@@ -33,18 +33,21 @@ class Embeddings(nn.Module):
 
 
 class PositionalEncoding(nn.Module):
-    """Adds the sinusoid of each position, then dropout."""
+    """Adds the sinusoid of each position (unless sinusoidal=False: rotary positions act in
+    attention instead), then dropout."""
 
-    def __init__(self, d_model: int, dropout: float, max_len: int):
+    def __init__(self, d_model: int, dropout: float, max_len: int, sinusoidal: bool = True):
         super().__init__()
+        self.max_len = max_len
         # Not persistent: a constant, so checkpoints hold only learned parameters.
-        self.register_buffer("table", sinusoids(max_len, d_model), persistent=False)
+        table = sinusoids(max_len, d_model) if sinusoidal else None
+        self.register_buffer("table", table, persistent=False)
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x: (B, T, D) embeddings of positions offset .. offset + T - 1."""
         end = offset + x.size(1)
-        if end > self.table.size(0):
-            raise ValueError(f"sequence of {end} positions exceeds max_len={self.table.size(0)}; "
+        if end > self.max_len:
+            raise ValueError(f"sequence of {end} positions exceeds max_len={self.max_len}; "
                              "raise model.max_len")
-        return self.dropout(x + self.table[offset:end])
+        return self.dropout(x if self.table is None else x + self.table[offset:end])

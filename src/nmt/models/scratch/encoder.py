@@ -6,6 +6,7 @@ import torch.nn as nn
 from nmt.models.scratch.attention import MultiHeadAttention
 from nmt.models.scratch.dropout import Dropout
 from nmt.models.scratch.feed_forward import FeedForward
+from nmt.models.scratch.rotary import Rotary
 
 
 class EncoderLayer(nn.Module):
@@ -13,10 +14,10 @@ class EncoderLayer(nn.Module):
     or with norm_first as x + Dropout(sublayer(LayerNorm(x))) (pre-norm)."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
-                 norm_first: bool = False):
+                 norm_first: bool = False, rotary: Rotary | None = None):
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, nhead, dropout)
+        self.self_attn = MultiHeadAttention(d_model, nhead, dropout, rotary)
         self.ff = FeedForward(d_model, dim_feedforward, dropout)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
@@ -37,10 +38,10 @@ class Encoder(nn.Module):
     """A stack of encoder layers and a final LayerNorm, as nn.TransformerEncoder has."""
 
     def __init__(self, num_layers: int, d_model: int, nhead: int, dim_feedforward: int,
-                 dropout: float, norm_first: bool = False):
+                 dropout: float, norm_first: bool = False, rotary: Rotary | None = None):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(d_model, nhead, dim_feedforward, dropout,
-                                                 norm_first) for _ in range(num_layers))
+                                                 norm_first, rotary) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False):

@@ -8,6 +8,7 @@ from nmt.models.scratch.attention import MultiHeadAttention
 from nmt.models.scratch.decoder import Decoder, KVCache
 from nmt.models.scratch.embedding import Embeddings, PositionalEncoding
 from nmt.models.scratch.encoder import Encoder
+from nmt.models.scratch.rotary import Rotary
 
 
 def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -21,7 +22,9 @@ def causal_mask(size: int, device) -> torch.Tensor:
 
 
 class ScratchTransformer(nn.Module):
-    """Post-norm Transformer, the same architecture as torch.nn.Transformer, written by hand."""
+    """Post-norm Transformer, the same architecture as torch.nn.Transformer, written by hand;
+    with cfg.positions "rotary", positions rotate self-attention's queries and keys instead of
+    adding sinusoids to the embeddings (an architecture nn.Transformer cannot express)."""
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
                  pad_id: int = 1):
@@ -30,9 +33,12 @@ class ScratchTransformer(nn.Module):
         self.pad_id = pad_id
         self.src_embed = Embeddings(src_vocab_size, d_model)
         self.tgt_embed = Embeddings(tgt_vocab_size, d_model)
-        self.pos = PositionalEncoding(d_model, dropout, cfg.max_len)
-        self.encoder = Encoder(cfg.num_encoder_layers, d_model, nhead, ff, dropout, cfg.norm_first)
-        self.decoder = Decoder(cfg.num_decoder_layers, d_model, nhead, ff, dropout, cfg.norm_first)
+        rotary = Rotary(d_model // nhead, cfg.max_len) if cfg.positions == "rotary" else None
+        self.pos = PositionalEncoding(d_model, dropout, cfg.max_len, sinusoidal=rotary is None)
+        self.encoder = Encoder(cfg.num_encoder_layers, d_model, nhead, ff, dropout, cfg.norm_first,
+                               rotary)
+        self.decoder = Decoder(cfg.num_decoder_layers, d_model, nhead, ff, dropout, cfg.norm_first,
+                               rotary)
         self.generator = nn.Linear(d_model, tgt_vocab_size)
         if cfg.tie_embeddings:  # one matrix for source, target and output tokens
             self.tgt_embed.token.weight = self.src_embed.token.weight

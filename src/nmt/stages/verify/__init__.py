@@ -1,14 +1,21 @@
-"""Stage verify: the scratch Transformer checked against torch.nn.Transformer, and the
-decoder-only model's properties, at one recipe's size on real batches.
+"""Stage verify: two kinds of check at one recipe's size on real batches. Twin checks: the
+scratch Transformer against torch.nn.Transformer, where the baseline can express the
+configuration. Property checks: what every model must do (cached decoding = forward, fused =
+math, padding, causality, gradients, the parameter-count formula), for scratch and
+decoder_only, always; a configuration without a twin passes on its properties alone.
 
-- checklist.py: Checklist (records each timed check), format_table, print_table;
-- measure.py: what both checklists measure with (check batches, max_abs_diff, tolerances);
-- equivalence.py: scratch against the baseline on shared weights, and run_checks, the whole
-  checklist;
-- decoder_only.py: the decoder-only model's property checks (it has no PyTorch twin).
+- checklist.py: Checklist (records each timed check and its kind), format_table,
+  print_checklist;
+- measure.py: what every checklist measures with (check batches, max_abs_diff, the loss,
+  tolerances);
+- equivalence.py: the twin checks, scratch against the baseline on shared weights;
+- properties.py: the property checks every model gets, and the scratch model's;
+- decoder_only.py: the decoder-only model's property checks, with its own additions;
+- suite.py: run_checks, both kinds on one configuration.
 
-verify() writes run_checks's result, {"passed", "checks": [{"name", "passed", "max_abs_diff",
-"tolerance", "seconds"}], "config", "trajectory"}, to results/verify/<recipe>.json.
+verify() writes run_checks's result, {"passed", "checks": [{"name", "kind", "passed",
+"max_abs_diff", "tolerance", "seconds"}], "twin", "twin_reason", "skipped", "config",
+"trajectory"}, to results/verify/<recipe>.json.
 """
 
 import logging
@@ -21,13 +28,16 @@ from nmt.core.data import Batches, load_pairs
 from nmt.core.errors import NmtError
 from nmt.core.files import write_json
 from nmt.models import ModelConfig
-from nmt.stages.verify.checklist import Checklist, format_table, print_table
+from nmt.stages.verify.checklist import Checklist, format_table, print_checklist
 from nmt.stages.verify.decoder_only import decoder_only_checks
-from nmt.stages.verify.equivalence import TRAJECTORY_STEPS, build_pair, run_checks
+from nmt.stages.verify.equivalence import TRAJECTORY_STEPS, build_pair
 from nmt.stages.verify.measure import max_abs_diff
+from nmt.stages.verify.properties import scratch_checks
+from nmt.stages.verify.suite import run_checks
 
-__all__ = ["Paths", "verify", "run_checks", "decoder_only_checks", "build_pair", "Checklist",
-           "format_table", "print_table", "max_abs_diff", "TRAJECTORY_STEPS"]
+__all__ = ["Paths", "verify", "run_checks", "decoder_only_checks", "scratch_checks",
+           "build_pair", "Checklist", "format_table", "print_checklist", "max_abs_diff",
+           "TRAJECTORY_STEPS"]
 
 log = logging.getLogger("nmt.verify")
 
@@ -62,10 +72,12 @@ def verify(settings: dict, paths: Paths) -> bool:
              paths.vocab.name, cfg.d_model, cfg.num_encoder_layers, cfg.num_decoder_layers,
              len(src_codec), len(tgt_codec), len(train_batches))
     result = run_checks(cfg, len(src_codec), len(tgt_codec), PAD_ID, train_batches)
-    print_table(result)
+    print_checklist(result)
     for c in result["checks"]:  # strict JSON: a shape mismatch measures inf, written null
         if not math.isfinite(c["max_abs_diff"]):
             c["max_abs_diff"] = None
     write_json(paths.out, result)
-    log.info("wrote %s (%s)", paths.out, "all checks passed" if result["passed"] else "FAILED")
+    log.info("wrote %s (%s; %s)", paths.out,
+             "all checks passed" if result["passed"] else "FAILED",
+             "twin and property checks" if result["twin"] else "property checks only, no twin")
     return result["passed"]

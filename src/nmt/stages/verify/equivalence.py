@@ -1,33 +1,28 @@
-"""The equivalence checklist: the scratch Transformer against torch.nn.Transformer.
+"""The twin checks: the scratch Transformer against torch.nn.Transformer, its twin.
 
 The baseline is built with seeded weights and the scratch model receives the same weights
 through models.mapping, so every difference measured below is a difference of the code.
-run_checks() takes the checklist, float32, float64 and bf16 autocast, then the training
-trajectory, then the checklist again with the other LayerNorm placement (model.norm_first), and
-appends the decoder-only model's property checks (nmt.stages.verify.decoder_only). It returns
-{"passed", "checks": [{"name", "passed", "max_abs_diff", "tolerance", "seconds"}], "config",
-"trajectory"}; print_table() shows it.
+twin_checks() takes the checklist, float32, float64 and bf16 autocast, then the training
+trajectory, then the checklist again with the other LayerNorm placement (model.norm_first).
+They run where the baseline can express the configuration (nmt.stages.verify.suite).
 """
 
 import contextlib
 import dataclasses
 import math
-import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from nmt.models import ModelConfig, build_model
 from nmt.models.baseline import plain_path
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
-from nmt.stages.verify import decoder_only
 from nmt.stages.verify.checklist import Checklist, timed
 from nmt.stages.verify.measure import (
     FUSED_TOLERANCE,
     TOLERANCE,
-    check_batches,
     fused_math_diff,
+    loss_of,
     max_abs_diff,
 )
 
@@ -77,12 +72,6 @@ def attention_diff(baseline, scratch, src, tgt) -> float:
     diffs = [max_abs_diff(w, g) for kind in want for w, g in zip(want[kind], got[kind],
                                                                     strict=True)]
     return max(diffs)
-
-
-def loss_of(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """Token-level cross entropy of teacher-forced next-token prediction, padding ignored."""
-    logits = model(src, tgt[:, :-1])  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=pad_id)
 
 
 def gradient_diff(baseline, scratch, src, tgt, pad_id: int) -> float:
@@ -208,31 +197,10 @@ def pair_checks(checklist: Checklist, pair, unpadded, padded, pad_id: int) -> No
                      padded, pad_id)
 
 
-def run_config(cfg, tcfg, src_vocab_size, tgt_vocab_size, pad_id, seed, unpadded,
-               padded) -> dict:
-    """The result's "config": sizes, seeds and batches the checks ran with."""
-    return {"model": dataclasses.asdict(cfg), "trajectory_model": dataclasses.asdict(tcfg),
-            "src_vocab_size": src_vocab_size, "tgt_vocab_size": tgt_vocab_size,
-            "pad_id": pad_id, "seed": seed, "trajectory_steps": TRAJECTORY_STEPS,
-            "trajectory_adam": TRAJECTORY_ADAM,
-            "decoder_only": decoder_only.sizes(cfg, src_vocab_size, tgt_vocab_size),
-            "check_batches": {"unpadded": list(unpadded[0].shape) + [unpadded[1].size(1)],
-                              "padded": list(padded[0].shape) + [padded[1].size(1)]},
-            "torch": torch.__version__}
-
-
-def run_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int,
-               train_batches: list, trajectory_cfg: ModelConfig | None = None,
-               seed: int = 0) -> dict:
-    """Run the whole checklist on CPU; see the module docstring for the result's layout."""
-    if len(train_batches) < TRAJECTORY_STEPS:
-        raise ValueError(f"run_checks needs at least {TRAJECTORY_STEPS} training batches for "
-                         f"the trajectory check, got {len(train_batches)}")
-    tcfg = dataclasses.replace(trajectory_cfg or trajectory_model(cfg), dropout=0.0)
-    vocab = (src_vocab_size, tgt_vocab_size)
-    train_batches = [(s.cpu(), t.cpu()) for s, t in train_batches]
-    unpadded, padded = check_batches(train_batches, pad_id)
-    checklist, started = Checklist(), time.perf_counter()
+def twin_checks(cfg: ModelConfig, vocab: tuple, pad_id: int, train_batches: list,
+                tcfg: ModelConfig, seed: int, unpadded, padded):
+    """The whole twin checklist: (checks, {"baseline": losses, "scratch": losses})."""
+    checklist = Checklist(kind="twin")
     with reference_mode(seed):
         pair_checks(checklist, build_pair(cfg, *vocab, pad_id), unpadded, padded, pad_id)
         (diff, curves), seconds = timed(trajectory, tcfg, *vocab, pad_id, train_batches,
@@ -240,13 +208,8 @@ def run_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_i
         checklist.record("training trajectory (float64)", diff, TRAJECTORY_TOLERANCE, seconds)
     # The other LayerNorm placement (model.norm_first) is proven equal too, so a recipe may
     # switch it without a gap in the proof.
-    other = Checklist(prefix=f"norm_first {not cfg.norm_first}: ")
+    other = Checklist(kind="twin", prefix=f"norm_first {not cfg.norm_first}: ")
     with reference_mode(seed):
         flipped = dataclasses.replace(cfg, norm_first=not cfg.norm_first)
         pair_checks(other, build_pair(flipped, *vocab, pad_id), unpadded, padded, pad_id)
-    checklist.extend(other.checks)
-    checklist.extend(decoder_only.decoder_only_checks(cfg, *vocab, pad_id, train_batches, seed))
-    config = run_config(cfg, tcfg, *vocab, pad_id, seed, unpadded, padded)
-    config["seconds"] = round(time.perf_counter() - started, 2)
-    return {"passed": checklist.passed, "checks": checklist.checks, "config": config,
-            "trajectory": curves}
+    return checklist.checks + other.checks, curves

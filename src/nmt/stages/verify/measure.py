@@ -1,9 +1,10 @@
-"""What both checklists measure with: the check batches, max_abs_diff, fused against math
-attention, and the tolerances by dtype."""
+"""What every checklist measures with: the check batches, max_abs_diff, the loss, fused
+against math attention, and the tolerances by dtype."""
 
 import math
 
 import torch
+import torch.nn.functional as F
 
 # bfloat16: float32 weights under bf16 autocast (what a GPU trains in). bf16 keeps 8 bits of
 # mantissa (rounding 2^-9 = 0.2% relative), so two correct models that round at other places
@@ -36,6 +37,12 @@ def check_batches(train_batches, pad_id: int, rows: int = CHECK_ROWS):
                          "pass real padded batches (bos/eos added, right-padded)")
     s, t = int((src != pad_id).sum(1).min()), int((tgt != pad_id).sum(1).min())
     return (src[:, :s], tgt[:, :t]), (src, tgt)
+
+
+def loss_of(model, src: torch.Tensor, tgt: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Token-level cross entropy of teacher-forced next-token prediction, padding ignored."""
+    logits = model(src, tgt[:, :-1])  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=pad_id)
 
 
 def fused_math_diff(model, src, tgt) -> float:
