@@ -275,6 +275,34 @@ def test_one_model_and_its_ablation(tmp_path, mirror):
     assert "The `published` recipe is not in `pipeline.recipes`." in text
 
 
+def test_verification_says_which_kind_of_check_ran(tmp_path, mirror):
+    """A recipe with no twin (here as if with rotary positions) is reported as passed on its
+    property checks, one with a twin as having run them; a verify file older than the two
+    kinds reads as before."""
+    params, paths = fake_tree(tmp_path, mirror, ["published", "tuned", "tuned_no_tying"],
+                              ["scratch"], [0], [T16])
+    check = {"name": "kv-cache decoding (scratch)", "passed": True, "max_abs_diff": 1e-7,
+             "tolerance": 1e-5, "seconds": 0.1}
+    reason = "the baseline (torch.nn.Transformer) has sinusoidal positions only"
+    write_json(paths["results"] / "verify" / "tuned.json", {
+        "passed": True, "twin": True, "twin_reason": "expressed", "checks": [
+            {**check, "name": "logits (float64)", "kind": "twin"},
+            {**check, "kind": "property"}]})
+    write_json(paths["results"] / "verify" / "tuned_no_tying.json", {
+        "passed": True, "twin": False, "twin_reason": reason,
+        "checks": [{**check, "kind": "property"}]})
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    text = re.sub(" +", " ", (paths["reports"] / "report.md").read_text("utf-8"))  # table pads
+    old = text[text.index("### published: all checks passed"):text.index("### tuned:")]
+    assert "Twin checks" not in old and "| logits (float64) | True |" in old
+    tuned = text[text.index("### tuned: all checks passed"):text.index("### tuned_no_tying")]
+    assert "Twin checks: ran." in tuned and "| logits (float64) | twin |" in tuned
+    no_twin = text[text.index("### tuned_no_tying: all checks passed"):text.index("## Sample")]
+    assert f"Twin checks: none ({reason}); passed or failed on its property checks" in no_twin
+    assert "| kv-cache decoding (scratch) | property |" in no_twin
+
+
 def test_search_table_lists_every_step_trained_after_the_step_it_builds_on(tmp_path, mirror):
     """Steps outside pipeline.recipes count too (make demo-search trains them), each after the
     step it builds on, with the validation figures only; a step's Δ BLEU is against that
