@@ -247,8 +247,8 @@ def test_bpe_sample_trains_on_a_seeded_sample_and_says_so(prepared, tmp_path):
 def test_bench_data_runs_every_step_and_reports_its_peak(prepared, tmp_path, capsys):
     out = tmp_path / "data_bench.json"
     # 3,000 pairs fill no 32k BPE: a smaller one, as the wmt14 recipe's would be at scale.
-    budget = data_bench.Budget(pairs=3000, threads=2, bpe_size=500, bpe_sample=2000)
-    data_bench.bench_data(data_bench.Paths(raw=prepared["raw"], json=out), budget)
+    plan = data_bench.DataPlan(pairs=3000, threads=2, bpe_size=500, bpe_sample=2000)
+    data_bench.bench_data(data_bench.Paths(raw=prepared["raw"], json=out), plan)
     result = json.loads(out.read_text())
     assert [s["step"] for s in result["steps"]] == list(data_bench.STEPS)
     for step in result["steps"]:

@@ -227,8 +227,8 @@ def test_bench_decoding_times_and_scores_every_decoder(runs, prepared, tmp_path,
                                  export=tmp_path / "exports" / name,
                                  vocab=prepared["word"], tokenized=prepared["tokenized"],
                                  json=tmp_path / name / "decoding.json")
-    out = decoding_bench.bench_decoding(settings_for(TINY), paths,
-                                        decoding_bench.Budget(repeats=1, sentences=30, threads=1))
+    plan = decoding_bench.DecodingPlan(repeats=1, sentences=30, threads=1)
+    out = decoding_bench.bench_decoding(settings_for(TINY), paths, plan)
     rows = {(r["engine"], r["compute_type"], r["method"]): r for r in out["rows"]}
     assert len(rows) == 6 and all(r["sentences_per_s"] > 0 for r in rows.values())
     ours, theirs = rows["nmt", "float32", "greedy"], rows["ctranslate2", "float32", "greedy"]
@@ -240,4 +240,5 @@ def test_bench_decoding_times_and_scores_every_decoder(runs, prepared, tmp_path,
     assert "ctranslate2 int8" in section and "same as nmt" in section
     paths = replace(paths, export=tmp_path / "none")
     with pytest.raises(NmtError, match="holds no export"):
-        decoding_bench.bench_decoding(settings_for(TINY), paths, decoding_bench.Budget(1, 30, 1))
+        decoding_bench.bench_decoding(settings_for(TINY), paths,
+                                      decoding_bench.DecodingPlan(1, 30, 1))

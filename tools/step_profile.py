@@ -31,7 +31,7 @@ from nmt.core.runtime import seed_everything
 from nmt.models import ModelConfig, build_model
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
-from nmt.stages.bench import Budget, bench_data, make_step, train_flops
+from nmt.stages.bench import SpeedPlan, bench_data, make_step, train_flops
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def main() -> None:
     codecs = load_codecs(args.vocab or REPO / "data" / "vocab" / args.recipe)
     device = torch.device("cpu")
     batches, _, _ = bench_data(settings, args.tokenized,
-                               Budget(args.recipe, args.steps, 1, 1), codecs, device)
+                               SpeedPlan(args.recipe, args.steps, 1, 1), codecs, device)
     cfg = ModelConfig.from_dict(settings["model"])
     flops = train_flops(cfg, len(codecs[1]), batches) / len(batches)
     print(f"recipe {args.recipe}: scratch, {len(batches)} batches x {args.repeats} passes, "

@@ -126,7 +126,7 @@ def cmd_bench(args, params):
 
         threads = args.threads or usable_cores()
         data_bench.bench_data(data_bench.Paths(raw=args.raw, json=args.json),
-                             data_bench.Budget(pairs=args.pairs, threads=threads))
+                             data_bench.DataPlan(pairs=args.pairs, threads=threads))
         return
     if args.decoding:  # one trained run's decoding: ours against CTranslate2's
         import torch
@@ -138,18 +138,18 @@ def cmd_bench(args, params):
         decoding_bench.bench_decoding(resolve(params, run.recipe), decoding_bench.Paths(
             run=files, export=args.exports / run.name, vocab=args.vocab or VOCAB / run.recipe,
             tokenized=args.tokenized, json=args.json or files.decoding),
-            decoding_bench.Budget(repeats=args.repeats or params["bench"]["repeats"],
+            decoding_bench.DecodingPlan(repeats=args.repeats or params["bench"]["repeats"],
                                sentences=args.sentences or 0,
                                threads=torch.get_num_threads()))
         return
     from nmt.stages import bench
 
     recipe = args.recipe or params["bench"]["recipe"]
-    budget = bench.Budget(recipe=recipe, device=args.device, **{
+    plan = bench.SpeedPlan(recipe=recipe, device=args.device, **{
         k: params["bench"][k] if getattr(args, k) is None else getattr(args, k)
         for k in ("steps", "repeats", "sentences")})
     bench.bench(resolve(params, recipe), bench.Paths(
-        tokenized=args.tokenized, vocab=args.vocab or VOCAB / recipe, json=args.json), budget)
+        tokenized=args.tokenized, vocab=args.vocab or VOCAB / recipe, json=args.json), plan)
 
 
 def cmd_report(args, params):

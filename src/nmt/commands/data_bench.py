@@ -44,7 +44,7 @@ LIMIT_GB = 4.0  # the goal: every step's peak at a million pairs
 
 
 @dataclass(frozen=True)
-class Budget:
+class DataPlan:
     """What to build and measure (`nmt bench --data` options; the rest as the wmt14 recipe)."""
 
     pairs: int = 1_000_000  # training pairs of the synthetic corpus
@@ -74,7 +74,7 @@ STEPS = {
 }
 
 
-def bench_data(paths: Paths, budget: Budget) -> dict:
+def bench_data(paths: Paths, plan: DataPlan) -> dict:
     """Build the corpus, run every step in its own process, print a table, write paths.json."""
     if not all((Path(paths.raw) / f"{split}.{lang}.gz").is_file()
                for split in ("train", "val", TESTSET) for lang in LANGS):
@@ -82,18 +82,18 @@ def bench_data(paths: Paths, budget: Budget) -> dict:
                        "en) (fix: run `nmt download` first, or give --raw a folder holding them)")
     with tempfile.TemporaryDirectory(prefix="nmt-databench-") as tmp:
         folder = Path(tmp)
-        build_corpus(Path(paths.raw), folder / "corpus", budget.pairs)
-        write_json(folder / "budget.json", asdict(budget))
+        build_corpus(Path(paths.raw), folder / "corpus", plan.pairs)
+        write_json(folder / "plan.json", asdict(plan))
         steps = []
         for step, what in STEPS.items():
             log.info("%s ...", what)
-            steps.append({"step": step, "what": what, **measure(step, folder, budget.pairs)})
+            steps.append({"step": step, "what": what, **measure(step, folder, plan.pairs)})
     peak = max(s["peak_rss_gb"] for s in steps)
-    out = {"pairs": budget.pairs, "threads": budget.threads, "cpus": os.cpu_count(),
+    out = {"pairs": plan.pairs, "threads": plan.threads, "cpus": os.cpu_count(),
            "corpus": f"Multi30k train repeated and shuffled (seed {SEED}); val, {TESTSET}",
            "limit_gb": LIMIT_GB, "peak_rss_gb": peak, "within_limit": peak <= LIMIT_GB,
            "steps": steps}
-    print_table(out)
+    print_data_steps(out)
     if paths.json:
         write_json(paths.json, out)
     return out
@@ -150,7 +150,7 @@ def tree_rss(process: psutil.Process) -> int:
     return total
 
 
-def print_table(out: dict) -> None:
+def print_data_steps(out: dict) -> None:
     print(f"\nnmt bench --data: {out['pairs']:,} pairs, {out['threads']} tokenize "
           f"process(es), {out['cpus']} CPUs")
     print(f"{'step':16}{'seconds':>10}{'pairs/s':>12}{'peak RSS GB':>14}")
@@ -171,24 +171,24 @@ def corpus_data(folder: Path) -> dict:
                               for lang in LANGS} for split in ("train", "val", TESTSET)}}
 
 
-def run_download(folder: Path, budget: Budget) -> dict:
+def run_download(folder: Path, plan: DataPlan) -> dict:
     from nmt.stages import download
 
     download.download({"data": corpus_data(folder)}, download.Paths(out=folder / "raw"))
     return {}
 
 
-def run_tokenize(folder: Path, budget: Budget, words: bool = True) -> dict:
+def run_tokenize(folder: Path, plan: DataPlan, words: bool = True) -> dict:
     from nmt.stages import tokenize
 
     settings = {"data": corpus_data(folder), "tokenize": {"batch_size": 1000, "words": words}}
     out = folder / ("tokenized" if words else "text")
-    stats = tokenize.tokenize(settings, tokenize.Paths(folder / "raw", out), budget.threads)
+    stats = tokenize.tokenize(settings, tokenize.Paths(folder / "raw", out), plan.threads)
     return {"sentences": stats["train.de"]["sentences"]}
 
 
-def run_tokenize_text(folder: Path, budget: Budget) -> dict:
-    return run_tokenize(folder, budget, words=False)
+def run_tokenize_text(folder: Path, plan: DataPlan) -> dict:
+    return run_tokenize(folder, plan, words=False)
 
 
 def run_vocab(folder: Path, vocab_settings: dict, tokenized: str, name: str) -> dict:
@@ -199,24 +199,24 @@ def run_vocab(folder: Path, vocab_settings: dict, tokenized: str, name: str) -> 
     return {"src_size": meta["src_size"], "tgt_size": meta["tgt_size"]}
 
 
-def run_vocab_word(folder: Path, budget: Budget) -> dict:
+def run_vocab_word(folder: Path, plan: DataPlan) -> dict:
     return run_vocab(folder, {"kind": "word", "min_freq": 1}, "tokenized", "vocab_word")
 
 
-def run_vocab_bpe(folder: Path, budget: Budget) -> dict:
-    return run_vocab(folder, {"kind": "bpe", "bpe_size": budget.bpe_size,
-                              "bpe_sample": budget.bpe_sample}, "text", "vocab_bpe")
+def run_vocab_bpe(folder: Path, plan: DataPlan) -> dict:
+    return run_vocab(folder, {"kind": "bpe", "bpe_size": plan.bpe_size,
+                              "bpe_sample": plan.bpe_sample}, "text", "vocab_bpe")
 
 
-def run_load(folder: Path, budget: Budget, tokenized: str, vocab_name: str) -> dict:
+def run_load(folder: Path, plan: DataPlan, tokenized: str, vocab_name: str) -> dict:
     """What training does before its first step, and its data work over one epoch: the
     pairs loaded, the epoch's token batches built and every one of them padded into tensors."""
     from nmt.core.codecs import PAD_ID, load_codecs
     from nmt.core.data import Batches, load_pairs, padding_fraction
 
     pairs = load_pairs(folder / tokenized, "train", *load_codecs(folder / vocab_name),
-                       budget.max_len)
-    batches = Batches(pairs, "tokens", 0, budget.max_tokens, shuffle=True, seed=0)
+                       plan.max_len)
+    batches = Batches(pairs, "tokens", 0, plan.max_tokens, shuffle=True, seed=0)
     order = batches.indices(0)
     target_ids = sum(int((tgt != PAD_ID).sum()) for _, tgt in batches)  # tensors, then dropped
     return {"batches": len(order), "padding": round(padding_fraction(pairs, order), 4),
@@ -224,12 +224,12 @@ def run_load(folder: Path, budget: Budget, tokenized: str, vocab_name: str) -> d
             "ids_mb": round((pairs.src.ids.nbytes + pairs.tgt.ids.nbytes) / 1e6, 1)}
 
 
-def run_load_word(folder: Path, budget: Budget) -> dict:
-    return run_load(folder, budget, "tokenized", "vocab_word")
+def run_load_word(folder: Path, plan: DataPlan) -> dict:
+    return run_load(folder, plan, "tokenized", "vocab_word")
 
 
-def run_load_bpe(folder: Path, budget: Budget) -> dict:
-    return run_load(folder, budget, "text", "vocab_bpe")
+def run_load_bpe(folder: Path, plan: DataPlan) -> dict:
+    return run_load(folder, plan, "text", "vocab_bpe")
 
 
 def main(argv: list[str]) -> None:
@@ -237,8 +237,8 @@ def main(argv: list[str]) -> None:
     folder/<step>.json."""
     step, folder = argv[0], Path(argv[1])
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
-    budget = Budget(**json.loads((folder / "budget.json").read_text()))
-    detail = globals()[f"run_{step}"](folder, budget)
+    plan = DataPlan(**json.loads((folder / "plan.json").read_text()))
+    detail = globals()[f"run_{step}"](folder, plan)
     write_json(folder / f"{step}.json", detail)
 
 

@@ -43,18 +43,18 @@ class Paths:
 
 
 @dataclass(frozen=True)
-class Budget:
+class DecodingPlan:
     repeats: int  # timed passes of each decoder; the median is reported
     sentences: int  # test sentences decoded (0: all)
     threads: int  # CPU threads of torch and of the engine alike
 
 
-def bench_decoding(settings: dict, paths: Paths, budget: Budget) -> dict:
+def bench_decoding(settings: dict, paths: Paths, plan: DecodingPlan) -> dict:
     """Time and score every decoder of DECODERS with greedy and beam search; print the table and
     write paths.json. settings: the run's resolved recipe."""
     run = Run.parse(paths.run.folder.name)
     check_export(paths.export, run)
-    torch.set_num_threads(budget.threads)
+    torch.set_num_threads(plan.threads)
     model, ckpt = load(paths.run.best, "cpu", expect=run, settings=settings)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
@@ -62,17 +62,17 @@ def bench_decoding(settings: dict, paths: Paths, budget: Budget) -> dict:
     testset = ev["testsets"][0]
     pairs = load_pairs(paths.tokenized, testset, src_codec, tgt_codec, max_len)
     references = read_lines(paths.tokenized / f"{testset}.{settings['data']['target_lang']}.txt")
-    count = budget.sentences or len(pairs)
+    count = plan.sentences or len(pairs)
     sources, references = [pairs[i][0] for i in range(min(count, len(pairs)))], references[:count]
     decode = {("nmt", "float32"): lambda dc: translate_batches(model, sources, dc, progress=False)}
     for engine, compute_type in DECODERS[1:]:
         eng = open_engine(paths.export, run, tokens_of(src_codec), tokens_of(tgt_codec),
-                          compute_type, threads=budget.threads)
+                          compute_type, threads=plan.threads)
         decode[(engine, compute_type)] = lambda dc, eng=eng: eng.translate(sources, dc)
     rows = []
     for method in ("greedy", "beam"):
         dc = DecodeConfig.from_params(ev, method, max_len - 1)
-        outputs, seconds = timed(decode, dc, budget.repeats)
+        outputs, seconds = timed(decode, dc, plan.repeats)
         ours = outputs[("nmt", "float32")]
         for key, ids in outputs.items():
             hypotheses = [tgt_codec.decode(h) for h in ids]
@@ -83,9 +83,9 @@ def bench_decoding(settings: dict, paths: Paths, budget: Budget) -> dict:
                 "bleu": round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2),
                 "identical_to_nmt": sum(a == b for a, b in zip(ids, ours, strict=True))})
     out = {"run": run.name, "testset": testset, "sentences": len(sources),
-           "threads": budget.threads, "repeats": budget.repeats, "beam_size": ev["beam_size"],
+           "threads": plan.threads, "repeats": plan.repeats, "beam_size": ev["beam_size"],
            "export_check": read_json(paths.export / "nmt.json").get("check"), "rows": rows}
-    print_table(out)
+    print_decoders(out)
     if paths.json:
         write_json(paths.json, out)
     return out
@@ -104,7 +104,7 @@ def timed(decode: dict, dc: DecodeConfig, repeats: int) -> tuple[dict, dict]:
     return outputs, {key: statistics.median(t) for key, t in times.items()}
 
 
-def print_table(out: dict) -> None:
+def print_decoders(out: dict) -> None:
     print(f"\nnmt bench --decoding: {out['run']}, {out['sentences']} sentences of "
           f"{out['testset']}, {out['threads']} CPU threads, median of {out['repeats']}")
     print(f"{'decoder':26}{'method':>8}{'sent/s':>10}{'tokens/s':>10}{'BLEU':>8}"

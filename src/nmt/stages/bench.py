@@ -167,7 +167,7 @@ class Paths:
 
 
 @dataclass(frozen=True)
-class Budget:
+class SpeedPlan:
     """What to measure: params' bench: section, each value overridable on the command line."""
 
     recipe: str  # whose model, batches and decoding settings
@@ -177,21 +177,21 @@ class Budget:
     device: str = "auto"
 
 
-def bench(settings: dict, paths: Paths, budget: Budget) -> dict:
+def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
     """Stage bench: training and decoding speed of baseline and scratch on the same weights
     and data; prints a table, writes paths.json. settings: the resolved bench recipe."""
-    device = pick_device(budget.device)
+    device = pick_device(plan.device)
     bound_gpu_memory(device)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     cfg = ModelConfig.from_dict(settings["model"])
-    timed, test, padding = bench_data(settings, paths.tokenized, budget, (src_codec, tgt_codec),
+    timed, test, padding = bench_data(settings, paths.tokenized, plan, (src_codec, tgt_codec),
                                       device)
     testset = settings["evaluate"]["testsets"][0]
     log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
-             device, len(timed), len(test), budget.repeats)
+             device, len(timed), len(test), plan.repeats)
     models = twin_models(cfg, len(src_codec), len(tgt_codec), device)
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "recipe": budget.recipe, "testset": testset, "steps": len(timed),
+           "recipe": plan.recipe, "testset": testset, "steps": len(timed),
            "sentences": len(test), "padding": padding}
     precision = resolve_precision(settings["train"]["precision"], device)
     decoding = resolve_precision(settings["train"]["precision"], device, decoding=True)
@@ -200,28 +200,28 @@ def bench(settings: dict, paths: Paths, budget: Budget) -> dict:
     for method in ("greedy", "beam"):
         dc = DecodeConfig.from_params(settings["evaluate"], method, cfg.max_len - 1)
         runs = {name: decoder(m, test, device, dc, decoding) for name, m in models.items()}
-        seconds, _ = interleaved(runs, budget.repeats, device)
+        seconds, _ = interleaved(runs, plan.repeats, device)
         out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
-    out |= training_speed(models, timed, budget.repeats, device, cfg, len(tgt_codec),
+    out |= training_speed(models, timed, plan.repeats, device, cfg, len(tgt_codec),
                           precision)
     for key in ("train", "greedy", "beam"):
         out[key]["ratio"] = round(out[key]["scratch"] / out[key]["baseline"], 3)
-    print_table(out)
+    print_speeds(out)
     if paths.json:
         write_json(paths.json, out)
     return out
 
 
-def bench_data(settings: dict, tokenized: Path, budget: Budget, codecs: tuple, device):
+def bench_data(settings: dict, tokenized: Path, plan: SpeedPlan, codecs: tuple, device):
     """(the timed training batches on device, the test sentences to decode, the padding of the
     recipe's training batches: padding_shares)."""
     train, max_len = settings["train"], settings["model"]["max_len"]
     train_pairs = load_pairs(tokenized, "train", *codecs, max_len)
     batches = Batches(train_pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
                       shuffle=True, seed=0, bucket=train["bucket"])
-    timed = [(src.to(device), tgt.to(device)) for src, tgt in islice(batches, budget.steps)]
+    timed = [(src.to(device), tgt.to(device)) for src, tgt in islice(batches, plan.steps)]
     testset = settings["evaluate"]["testsets"][0]  # the attention example and samples use it
-    test = load_pairs(tokenized, testset, *codecs, max_len)[: budget.sentences]
+    test = load_pairs(tokenized, testset, *codecs, max_len)[: plan.sentences]
     return timed, test, padding_shares(train_pairs, train)
 
 
@@ -288,7 +288,7 @@ def time_steps(models: dict, timed: list, repeats: int, device, graphs: bool, pr
     return interleaved(runs, repeats, device)
 
 
-def print_table(out: dict) -> None:
+def print_speeds(out: dict) -> None:
     print(f"\nnmt bench: {out['device']}, recipe {out['recipe']}, {out['steps']} training steps, "
           f"{out['sentences']} sentences decoded in {out['decode_precision']}")
     print(f"{'':26}{'baseline':>12}{'scratch':>12}{'scratch/baseline':>18}")
