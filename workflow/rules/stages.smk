@@ -10,6 +10,7 @@ SHARED_CODE = [
     "src/nmt/__init__.py",
     "src/nmt/cli.py",
     "src/nmt/core/__init__.py",
+    "src/nmt/core/commandline.py",
     "src/nmt/core/errors.py",
     "src/nmt/core/runs.py",
     "src/nmt/pipeline/__init__.py",
@@ -169,7 +170,7 @@ rule train:
         "data/vocab/{recipe}",
         code=[
             *SHARED_CODE,
-            "src/nmt/stages/train.py",
+            *package("src/nmt/stages/train"),
             "src/nmt/core/graphs.py",
             "src/nmt/core/launch.py",
             "src/nmt/core/resume.py",
