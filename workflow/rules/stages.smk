@@ -1,7 +1,8 @@
 # GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
 # Snakemake's rules, one a stage: the commands dvc.yaml runs, on the same files.
 # workflow/Snakefile names RECIPES, MODELS, SEEDS (pipeline.*) and BENCH (bench.recipe) before
-# it includes this file; declared(), from_recipe() and listed() are in rules/common.smk.
+# it includes this file; declared(), from_recipe(), listed() and lookup() are in
+# rules/common.smk. `rule all`, last, asks for the outputs of the stages declared `target`.
 # params.values holds the values of the keys the stage declares (params.yaml, its recipe's):
 # Snakemake re-runs a job when its params change, so an edit re-runs exactly what reads it.
 
@@ -34,8 +35,7 @@ rule config:
     output:
         "params/{recipe}.yaml",
     params:
-        values=declared(params=["data", "tokenize", "vocab", "model", "train", "evaluate", "bench",
-                                "report", "pipeline", "recipes"]),
+        values=declared(params=["params.yaml"]),
     log:
         "logs/config-{recipe}.log",
     conda:
@@ -369,3 +369,12 @@ rule report:
     shell:
         "nmt report --tokenized data/tokenized --vocab data/vocab --results results --out reports"
         " 2> {log}"
+
+
+# What `snakemake` makes when no target is named: the outputs of the stages declared
+# `target` (a list with no items, such as pipeline.export: [], expands to none).
+rule all:
+    input:
+        expand(rules.export.output,
+               recipe=RECIPES, model=lookup(config, "pipeline.export"), seed=SEEDS),
+        rules.report.output,
