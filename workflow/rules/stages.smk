@@ -35,7 +35,8 @@ rule config:
     output:
         "params/{recipe}.yaml",
     params:
-        values=declared(params=["params.yaml"]),
+        values=declared(params=["data", "tokenize", "vocab", "model", "train", "evaluate", "bench",
+                                "report", "pipeline", "recipes"]),
     log:
         "logs/config-{recipe}.log",
     conda:
