@@ -84,8 +84,8 @@ def start(cmd: list[str], cwd: Path, env: dict | None = None, cores: set[int] | 
           new_session: bool = False) -> subprocess.Popen:
     """cmd started in cwd (in the background, so that a test can do something else meanwhile);
     cores: the only ones it and its children may run on (their torch takes that many threads,
-    nmt.cli.usable_cores); new_session: in a session of its own (which a test hook can kill
-    whole). Its output goes to a file, not a pipe: a pipe nobody reads while the test waits
+    nmt.pipeline.commandline.usable_cores); new_session: in a session of its own (which a test hook
+    can kill whole). Its output goes to a file, not a pipe: a pipe nobody reads while the test waits
     for something else fills up and stops the command until then."""
     # The copy runs its own sources (the venv's editable install points at the repository).
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(cwd / "src"),

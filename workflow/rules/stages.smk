@@ -1,7 +1,8 @@
 # GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
 # Snakemake's rules, one a stage: the commands dvc.yaml runs, on the same files.
 # workflow/Snakefile names RECIPES, MODELS, SEEDS (pipeline.*) and BENCH (bench.recipe) before
-# it includes this file; declared(), from_recipe() and listed() are in rules/common.smk.
+# it includes this file; declared(), from_recipe(), listed() and lookup() are in
+# rules/common.smk. `rule all`, last, asks for the outputs of the stages declared `target`.
 # params.values holds the values of the keys the stage declares (params.yaml, its recipe's):
 # Snakemake re-runs a job when its params change, so an edit re-runs exactly what reads it.
 
@@ -13,6 +14,7 @@ SHARED_CODE = [
     "src/nmt/core/errors.py",
     "src/nmt/core/runs.py",
     "src/nmt/pipeline/__init__.py",
+    "src/nmt/pipeline/commandline.py",
     "src/nmt/pipeline/corpus.py",
     "src/nmt/pipeline/orchestrators.py",
     "src/nmt/pipeline/params.py",
@@ -169,7 +171,7 @@ rule train:
         "data/vocab/{recipe}",
         code=[
             *SHARED_CODE,
-            "src/nmt/stages/train.py",
+            *package("src/nmt/stages/train"),
             "src/nmt/core/graphs.py",
             "src/nmt/core/launch.py",
             "src/nmt/core/resume.py",
@@ -368,3 +370,12 @@ rule report:
     shell:
         "nmt report --tokenized data/tokenized --vocab data/vocab --results results --out reports"
         " 2> {log}"
+
+
+# What `snakemake` makes when no target is named: the outputs of the stages declared
+# `target` (a list with no items, such as pipeline.export: [], expands to none).
+rule all:
+    input:
+        expand(rules.export.output,
+               recipe=RECIPES, model=lookup(config, "pipeline.export"), seed=SEEDS),
+        rules.report.output,

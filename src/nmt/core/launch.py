@@ -30,7 +30,8 @@ def _die_with_parent() -> None:  # in the child, before exec: SIGTERM when `nmt 
 
 def launch(nproc: int, argv: list[str], threads: int) -> int:
     """Run `nmt <argv>` as nproc processes under torchrun, sharing out `threads` (this
-    process's torch thread count, nmt.cli.thread_count); returns torchrun's exit status.
+    process's torch thread count, nmt.pipeline.commandline.thread_count); returns torchrun's exit
+    status.
 
     Ctrl-C reaches torchrun and its processes from the terminal; SIGTERM sent to this process
     is passed on to torchrun, which passes it to the training processes.

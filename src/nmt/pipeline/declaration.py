@@ -49,6 +49,9 @@ class Stage:
     # DVC runs it every time (it checks files outside DVC's view; Snakemake: at parse time)
     always_changed: bool = False
     report: dict = field(default_factory=dict)  # output -> Snakemake --report category
+    # What the pipeline is for: Snakemake's `rule all` asks for its outputs (every job's); the
+    # other stages run because a target needs them (DVC runs every stage anyway).
+    target: bool = False
     shared_code: list = field(default_factory=list)  # the part of code every stage runs
 
     def code_paths(self, files: bool = False) -> list[str]:
@@ -350,10 +353,25 @@ SMK_HEADER = """\
 # GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
 # Snakemake's rules, one a stage: the commands dvc.yaml runs, on the same files.
 # workflow/Snakefile names RECIPES, MODELS, SEEDS (pipeline.*) and BENCH (bench.recipe) before
-# it includes this file; declared(), from_recipe() and listed() are in rules/common.smk.
+# it includes this file; declared(), from_recipe(), listed() and lookup() are in
+# rules/common.smk. `rule all`, last, asks for the outputs of the stages declared `target`.
 # params.values holds the values of the keys the stage declares (params.yaml, its recipe's):
 # Snakemake re-runs a job when its params change, so an edit re-runs exactly what reads it.
 """
+
+
+def all_rule(stages: dict) -> str:
+    """`rule all`: the outputs of the stages declared `target`, every job's (a per-model stage:
+    the models of its list, models_from)."""
+    lines = ["# What `snakemake` makes when no target is named: the outputs of the stages declared",
+             "# `target` (a list with no items, such as pipeline.export: [], expands to none).",
+             "rule all:", "    input:"]
+    for s in (s for s in stages.values() if s.target):
+        lists = [f"{d}={LIST_NAMES[d]}" if s.list_key(d) == f"pipeline.{d}s"
+                 else f"{d}=lookup(config, {quote(s.list_key(d))})" for d in s.per]
+        output = f"rules.{s.name}.output"
+        lines.append(f"        {call('expand', [output] + lists, 8) if lists else output},")
+    return "\n".join(lines) + "\n"
 
 
 def render_snakemake(path: Path = DECLARATION) -> str:
@@ -362,7 +380,7 @@ def render_snakemake(path: Path = DECLARATION) -> str:
     head = ["# The modules every `nmt` command runs (shared_code); each rule adds its own.",
             "SHARED_CODE = ["] + [f"    {item}," for item in code_items(shared)] + ["]"]
     return "\n\n".join([SMK_HEADER + "\n" + "\n".join(head) + "\n"]
-                       + [smk_rule(s, stages) for s in stages.values()])
+                       + [smk_rule(s, stages) for s in stages.values()] + [all_rule(stages)])
 
 
 # ---- both ---------------------------------------------------------------------------------

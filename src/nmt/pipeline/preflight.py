@@ -27,7 +27,7 @@ from nmt.pipeline.corpus import (
 from nmt.pipeline.recipes import resolve
 
 # Where stages write (logs: Snakemake's); each, or its nearest existing parent, must be writable.
-OUTPUT_FOLDERS = ("data", "params", "results", "reports", "logs")
+OUTPUT_FOLDERS = ("data", "params", "results", "exports", "reports", "logs")
 RECORD = "SHA256SUMS"  # files, huggingface: what nmt download wrote into data/raw
 
 

@@ -15,6 +15,7 @@ reports peak memory.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import statistics
 import time
@@ -39,6 +40,8 @@ from nmt.core.runtime import (
 )
 from nmt.models import ModelConfig, build_model
 from nmt.models.mapping import baseline_to_scratch
+from nmt.pipeline import commandline
+from nmt.pipeline.recipes import resolve
 
 log = logging.getLogger("nmt.bench")
 
@@ -314,3 +317,34 @@ def mfu_peak(out: dict) -> str:
     peak = out["peak_gflops"][out["precision"]]
     kind = "measured matmul peak" if out["peak_measured"] else "data-sheet dense peak"
     return f"the {kind} in {out['precision']}, {peak:,.1f} GFLOP/s"
+
+
+# ---- `nmt bench`: nmt.cli builds the subcommand from HELP, arguments and command -----------------
+
+HELP = ("Train both models for a fixed number of steps on the same real batches, then "
+        "decode the same sentences greedily and with beam search; print a speed table.")
+MEMORY_FIX = "a smaller bench.sentences, or the recipe's smaller batches"
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    commandline.data(parser)
+    commandline.threads(parser)
+    commandline.gpu(parser)
+    parser.add_argument("--recipe", default=None, help="default: bench.recipe from params")
+    parser.add_argument("--device", default="auto")
+    # Defaults come from params.yaml's bench: section.
+    parser.add_argument("--steps", type=int, default=None, help="timed training steps a repeat")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="the median of this many is shown")
+    parser.add_argument("--sentences", type=int, default=None, help="test sentences to decode")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+
+
+def command(args, params: dict) -> None:
+    recipe = args.recipe or params["bench"]["recipe"]
+    plan = SpeedPlan(recipe=recipe, device=args.device, **{
+        k: params["bench"][k] if getattr(args, k) is None else getattr(args, k)
+        for k in ("steps", "repeats", "sentences")})
+    bench(resolve(params, recipe), Paths(
+        tokenized=args.tokenized, vocab=args.vocab or commandline.VOCAB / recipe,
+        json=args.json), plan)

@@ -8,13 +8,14 @@ params edit re-runs exactly the recipes whose values changed.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from nmt.core.files import write_text
-from nmt.pipeline import preflight
+from nmt.pipeline import commandline, preflight
 from nmt.pipeline.recipes import resolve
 
 
@@ -31,3 +32,19 @@ def config(params: dict, recipe: str, paths: Paths) -> None:
     text = yaml.safe_dump(resolve(params, recipe), sort_keys=True)
     if not paths.out.is_file() or paths.out.read_text() != text:
         write_text(paths.out, text)
+
+
+# ---- `nmt config`: nmt.cli builds the subcommand from HELP, arguments and command ----------------
+
+HELP = ("Resolve one recipe (the top-level sections with its overrides merged over "
+        "them) and write params/<recipe>.yaml, whose keys the later stages "
+        "declare as parameters.")
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    commandline.recipe(parser)
+    parser.add_argument("--out", type=Path, default=None, help="default: params/<recipe>.yaml")
+
+
+def command(args, params: dict) -> None:
+    config(params, args.recipe, Paths(out=args.out or Path("params") / f"{args.recipe}.yaml"))

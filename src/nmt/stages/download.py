@@ -9,6 +9,7 @@ The last two record what they wrote in data/raw/SHA256SUMS (preflight checks it)
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import logging
 import os
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from nmt.core.errors import FULL, NmtError
 from nmt.core.files import atomic_dir, sha256, utf8_lines
-from nmt.pipeline.corpus import PINS, local_files, raw_names, read_sums, splits
+from nmt.pipeline import commandline
+from nmt.pipeline.corpus import PINS, corpus_settings, local_files, raw_names, read_sums, splits
 
 log = logging.getLogger("nmt.download")
 
@@ -233,3 +235,19 @@ def load_split(hf: dict, split: str):
                        f"{' (' + hf['name'] + ')' if hf.get('name') else ''}: "
                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__} (fix: a Hub "
                        "id reachable or in the local cache, or a local dataset folder)") from None
+
+
+# ---- `nmt download`: nmt.cli builds the subcommand from HELP, arguments and command --------------
+
+HELP = ("Write train, val and data.testsets of the pipeline's corpus (data.corpus of "
+        "pipeline.recipes[0]) to data/raw/<split>.<lang>.gz: multi30k fetched "
+        "(MULTI30K_MIRROR first, then data.base_url) and verified against "
+        "workflow/multi30k.sha256; files and huggingface read and checked.")
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=commandline.RAW)
+
+
+def command(args, params: dict) -> None:
+    download(corpus_settings(params), Paths(out=args.out))

@@ -6,6 +6,7 @@ against the raw reference lines, the way published Multi30k numbers are computed
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import time
@@ -26,6 +27,8 @@ from nmt.core.runs import Run, RunFiles
 from nmt.core.runtime import autocast, bound_gpu_memory, pick_device, resolve_precision
 from nmt.core.text import read_lines
 from nmt.core.unknowns import detokenize_outputs, source_surfaces
+from nmt.pipeline import commandline
+from nmt.pipeline.recipes import resolve
 
 log = logging.getLogger("nmt.evaluate")
 
@@ -199,3 +202,23 @@ def read_testset(tokenized: Path, name: str, codecs: tuple, tgt_lang: str,
         raise NmtError(f"{ref_path}: {len(references)} references for {len(pairs)} "
                        "sources (fix: re-run `nmt tokenize`)")
     return TestSet(name, pairs, references, source_surfaces(tokenized, name, src_codec))
+
+
+# ---- `nmt evaluate`: nmt.cli builds the subcommand from HELP, arguments and command --------------
+
+HELP = ("Read results/<recipe>-<model>-s<seed>/best.pt and the test sets, write "
+        "metrics.json (loss, perplexity, BLEU greedy and beam, chrF), evaluation.json, "
+        "translations/ and attention.json (one sentence's attention weights) to the same "
+        "folder.")
+MEMORY_FIX = "a smaller evaluate.batch_size"  # what to make smaller when it runs out of memory
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    commandline.run_options(parser)
+
+
+def command(args, params: dict) -> None:
+    run = Run(args.recipe, args.model, args.seed)
+    evaluate(resolve(params, args.recipe), Paths(
+        tokenized=args.tokenized, vocab=commandline.recipe_vocab(args),
+        run=run.files(args.results)))

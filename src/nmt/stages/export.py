@@ -11,6 +11,7 @@ log-probability must be within TOLERANCE of our model's, else nothing is written
 
 from __future__ import annotations
 
+import argparse
 import logging
 import shutil
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.runs import ENCODER_DECODERS, Run, RunFiles
 from nmt.models import ModelConfig
+from nmt.pipeline import commandline
+from nmt.pipeline.recipes import resolve
 
 log = logging.getLogger("nmt.export")
 
@@ -102,3 +105,25 @@ def compare(model, engine: Engine, pairs: list, ev: dict, cap: int) -> dict:
     theirs = engine.translate(pairs, dc)
     return {"pairs": len(pairs), "max_abs_logprob_diff": diff, "tolerance": TOLERANCE,
             "greedy_identical": sum(a == b for a, b in zip(ours, theirs, strict=True))}
+
+
+# ---- `nmt export`: nmt.cli builds the subcommand from HELP, arguments and command ----------------
+
+HELP = ("Read results/<recipe>-<model>-s<seed>/best.pt and write it as a CTranslate2 "
+        "model folder, exports/<recipe>-<model>-s<seed>/ (with vocab/ and nmt.json), "
+        "after checking on validation pairs that the engine's per-token "
+        "log-probabilities are within 1e-4 of ours; baseline and scratch runs.")
+MEMORY_FIX = "a smaller evaluate.batch_size"  # what to make smaller when it runs out of memory
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    commandline.run_options(parser, gpu_bound=False)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: exports/<recipe>-<model>-s<seed>")
+
+
+def command(args, params: dict) -> None:
+    run = Run(args.recipe, args.model, args.seed)
+    export(resolve(params, args.recipe), Paths(
+        run=run.files(args.results), vocab=commandline.recipe_vocab(args),
+        tokenized=args.tokenized, out=args.out or commandline.EXPORTS / run.name))

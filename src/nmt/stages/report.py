@@ -8,6 +8,7 @@ results produced on another machine can be reported here.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from nmt.core.errors import NmtError  # noqa: E402
 from nmt.core.files import atomic_dir, atomic_path, read_json, write_json, write_text  # noqa: E402
 from nmt.core.runs import Run, RunFiles, runs  # noqa: E402
 from nmt.core.text import read_lines  # noqa: E402
+from nmt.pipeline import commandline  # noqa: E402
 from nmt.pipeline.corpus import corpus_settings  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
 
@@ -687,3 +689,22 @@ def report(settings: dict, paths: Paths) -> None:
     log.info("wrote %s, results.csv (%d rows), results_summary.csv, metrics.json, "
              "statistics.json, figures/ (%s)", out / "report.md", len(inp.table),
              ", ".join(figures.values()))
+
+
+# ---- `nmt report`: nmt.cli builds the subcommand from HELP, arguments and command ----------------
+
+HELP = ("Read results/ and data/, write reports/report.md, reports/results.csv and "
+        "figures.")
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    commandline.results(parser)
+    parser.add_argument("--tokenized", type=Path, default=commandline.TOKENIZED)
+    parser.add_argument("--vocab", type=Path, default=None, help="holds <recipe>/ (default: "
+                        "data/vocab)")
+    parser.add_argument("--out", type=Path, default=commandline.REPORTS)
+
+
+def command(args, params: dict) -> None:
+    report(params, Paths(tokenized=args.tokenized, vocab=args.vocab or commandline.VOCAB,
+                         results=args.results, out=args.out))

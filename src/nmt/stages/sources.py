@@ -15,11 +15,12 @@ re-runs nothing.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
 from nmt.core.files import sha256, write_text
-from nmt.pipeline.corpus import PINS, local_files, raw_names, read_sums
+from nmt.pipeline.corpus import PINS, corpus_settings, local_files, raw_names, read_sums
 
 log = logging.getLogger("nmt.sources")
 
@@ -55,3 +56,17 @@ def refresh(settings: dict, out: Path = OUT, root: Path = Path(".")) -> bool:
     write_text(out, text)
     log.info("%s: written", out)
     return True
+
+
+# ---- `nmt sources`: nmt.cli builds the subcommand from HELP, arguments and command ---------------
+
+HELP = ("Write params/sources.sha256, the sha256 of every file the corpus is made of "
+        "(data.corpus), if it changed: download depends on it.")
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=OUT)
+
+
+def command(args, params: dict) -> None:
+    refresh(corpus_settings(params), args.out)

@@ -10,6 +10,7 @@ recipes needs no word tokens) and spaCy never runs.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import logging
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from tqdm import tqdm
 from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, utf8_lines, write_json
 from nmt.core.text import iter_lines, token_lines
+from nmt.pipeline import commandline
+from nmt.pipeline.corpus import corpus_settings
 
 log = logging.getLogger("nmt.tokenize")
 
@@ -119,3 +122,23 @@ def tokenize(settings: dict, paths: Paths, processes: int = 1) -> dict:
         write_json(tmp / "stats.json", stats)
     log.info("wrote %s", paths.out)
     return stats
+
+
+# ---- `nmt tokenize`: nmt.cli builds the subcommand from HELP, arguments and command --------------
+
+HELP = ("Read data/raw, tokenize with spaCy's rule-based tokenizers and write "
+        "data/tokenized/<split>.<lang>.{txt,tok} and stats.json (tokenize.words: false: "
+        "the .txt files only, no spaCy), streaming, a split at a time.")
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--raw", type=Path, default=commandline.RAW)
+    parser.add_argument("--out", type=Path, default=commandline.TOKENIZED)
+    # Not `threads` (which sets torch's threads and imports torch): spaCy processes.
+    parser.add_argument("--threads", dest="processes", type=int, default=1, metavar="N",
+                        help="tokenize in N processes, at most the machine's cores (default 1: "
+                             "this one); the files are the same whatever N")
+
+
+def command(args, params: dict) -> None:
+    tokenize(corpus_settings(params), Paths(raw=args.raw, out=args.out), args.processes)

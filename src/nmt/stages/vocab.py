@@ -6,6 +6,7 @@ back (`load_codecs`) for every stage that encodes or decodes.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections import Counter
 from collections.abc import Iterable
@@ -17,6 +18,8 @@ from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Vocab
 from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.text import count_lines, iter_lines, split_tokens, token_file
+from nmt.pipeline import commandline
+from nmt.pipeline.recipes import resolve
 
 log = logging.getLogger("nmt.vocab")
 
@@ -116,3 +119,20 @@ def _train_bpe(files: tuple[Path, Path], out: Path, size: int, sample: int) -> d
                        "(fix: lower vocab.bpe_size)") from None
     (out / "spm.model").write_bytes(model.getvalue())
     return {"src": size, "tgt": size}
+
+
+# ---- `nmt vocab`: nmt.cli builds the subcommand from HELP, arguments and command -----------------
+
+HELP = ("Read data/tokenized (train split only) and write one recipe's vocabulary to "
+        "data/vocab/<recipe>/ (word: src.json, tgt.json; bpe: spm.model) with meta.json.")
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    commandline.recipe(parser)
+    parser.add_argument("--tokenized", type=Path, default=commandline.TOKENIZED)
+    parser.add_argument("--out", type=Path, default=None, help="default: data/vocab/<recipe>")
+
+
+def command(args, params: dict) -> None:
+    build(resolve(params, args.recipe),
+          Paths(tokenized=args.tokenized, out=args.out or commandline.VOCAB / args.recipe))

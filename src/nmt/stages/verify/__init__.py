@@ -18,6 +18,7 @@ verify() writes run_checks's result, {"passed", "checks": [{"name", "kind", "pas
 "trajectory"}, to results/verify/<recipe>.json.
 """
 
+import argparse
 import logging
 import math
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from nmt.core.data import Batches, load_pairs
 from nmt.core.errors import NmtError
 from nmt.core.files import write_json
 from nmt.models import ModelConfig
+from nmt.pipeline import commandline
+from nmt.pipeline.recipes import resolve
 from nmt.stages.verify.checklist import Checklist, format_table, print_checklist
 from nmt.stages.verify.decoder_only import decoder_only_checks
 from nmt.stages.verify.equivalence import TRAJECTORY_STEPS, build_pair
@@ -81,3 +84,25 @@ def verify(settings: dict, paths: Paths) -> bool:
              "all checks passed" if result["passed"] else "FAILED",
              "twin and property checks" if result["twin"] else "property checks only, no twin")
     return result["passed"]
+
+
+# ---- `nmt verify`: nmt.cli builds the subcommand from HELP, arguments and command ----------------
+
+HELP = ("Read data/tokenized and data/vocab/<recipe>, prove the scratch model computes what "
+        "torch.nn.Transformer computes at the recipe's size, write "
+        "results/verify/<recipe>.json; exit 1 if a check fails.")
+MEMORY_FIX = "a smaller model"  # what to make smaller when it runs out of memory
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    for group in (commandline.recipe, commandline.data, commandline.threads):
+        group(parser)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: results/verify/<recipe>.json")
+
+
+def command(args, params: dict) -> int:
+    paths = Paths(tokenized=args.tokenized, vocab=commandline.recipe_vocab(args),
+                  out=args.out or commandline.RESULTS / "verify" / f"{args.recipe}.json")
+    passed = verify(resolve(params, args.recipe), paths)
+    return 0 if passed else 1  # a failed check stops the pipeline before training

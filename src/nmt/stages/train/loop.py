@@ -1,4 +1,4 @@
-"""Stage train: fit one model of one recipe; keep the best checkpoint by validation loss.
+"""Stage train's work: fit one model of one recipe; keep the best checkpoint by validation loss.
 
 Writes results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv (one row an epoch) and
 train.json (the summary the report reads), all four only when training completes. Until then

@@ -1,0 +1,86 @@
+"""Stage train: fit one model of one recipe (the work: loop.py); its command line here.
+
+A package, not one module, for one reason: `nmt train` with train.devices N > 1 only starts
+torchrun's N processes and waits (nmt.core.launch), and that process imports no torch (about
+2 s of CPU a launch). nmt.cli imports this file to build the subcommand, so it imports no
+torch; loop.py, which does, is imported when a training runs. Its names (`train`, `Paths`,
+`TrainConfig`, ...) are this package's too: `from nmt.stages.train import train` imports
+loop.py then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from nmt.core.launch import launch, under_torchrun
+from nmt.core.runs import Run
+from nmt.pipeline import commandline
+from nmt.pipeline.recipes import resolve
+
+
+def __getattr__(name: str):
+    """The training's own names, from loop.py, imported on first use (PEP 562)."""
+    if not name.startswith("__") and name != "loop":  # (import machinery's own questions)
+        loop = importlib.import_module("nmt.stages.train.loop")
+        if hasattr(loop, name):
+            return getattr(loop, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---- `nmt train`: nmt.cli builds the subcommand from HELP, arguments and command ------------
+
+HELP = ("Read data/tokenized and data/vocab/<recipe>, train one model and write "
+        "results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv, train.json "
+        "(when training completes). An interrupted run (Ctrl-C, SIGTERM, a crash) keeps "
+        "resume.pt there; the same command continues it with the numbers an "
+        "uninterrupted run gives.")
+# What to make smaller when it runs out of memory (nmt.core.errors.out_of_memory).
+MEMORY_FIX = ("a smaller train.max_tokens (token batches) or train.batch_size, with a larger "
+              "train.accumulate for the same updates, or a smaller model; a training resumes "
+              "from its last resume state")
+# nmt.cli sets no torch threads before `command`: it sets its own once it knows whether it
+# only launches torchrun's processes (which must not import torch).
+SETS_OWN_THREADS = True
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    commandline.run_options(parser)
+    parser.add_argument("--restart", action="store_true",
+                        help="set aside a resume state (resume.pt) and train from scratch")
+
+
+def command(args, params: dict) -> int | None:
+    run, recipe = Run(args.recipe, args.model, args.seed), resolve(params, args.recipe)
+    if recipe["train"]["devices"] > 1 and not under_torchrun():  # a launcher: no torch here
+        return launch(recipe["train"]["devices"], train_argv(args),
+                      commandline.thread_count(args.threads) or commandline.torch_threads())
+    commandline.set_threads(args.threads)
+    from nmt.core.resume import Stopped
+    from nmt.stages.train.loop import Paths, train
+
+    paths = Paths(tokenized=args.tokenized, vocab=commandline.recipe_vocab(args),
+                  run=run.files(args.results))
+    try:
+        train(recipe, paths, restart=args.restart)
+    except Stopped as e:
+        if str(e):
+            print(f"nmt train: {e}", file=sys.stderr)
+        return e.code
+
+
+def train_argv(args) -> list[str]:
+    """This `nmt train` command line, for the processes torchrun starts (their threads come
+    from OMP_NUM_THREADS: nmt.core.launch shares this process's out)."""
+    return (["--params", str(args.params)] + (["-q"] if args.quiet else []) +
+            ["train", "--recipe", args.recipe, "--model", args.model, "--seed", str(args.seed),
+             "--tokenized", str(args.tokenized), "--vocab", str(commandline.recipe_vocab(args)),
+             "--results", str(args.results)] + (["--restart"] if args.restart else []))
+
+
+def interrupted_note(args) -> str:
+    """What a Ctrl-C outside the training loop (which answers with its own line) leaves."""
+    state = Run(args.recipe, args.model, args.seed).files(args.results).resume
+    return (f"outputs appear only when training completes; {state}, if there, is kept "
+            "and the same nmt train command resumes from it")
