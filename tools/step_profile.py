@@ -31,7 +31,7 @@ from nmt.core.runtime import seed_everything
 from nmt.models import ModelConfig, build_model
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
-from nmt.stages.bench import SpeedPlan, bench_data, make_step, train_flops
+from nmt.stages.bench import SpeedPlan, bench_inputs, make_step, train_flops
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def main() -> None:
     settings = resolve(load_params(REPO / "params.yaml"), args.recipe)
     codecs = load_codecs(args.vocab or REPO / "data" / "vocab" / args.recipe)
     device = torch.device("cpu")
-    batches, _, _ = bench_data(settings, args.tokenized,
+    batches, _, _ = bench_inputs(settings, args.tokenized,
                                SpeedPlan(args.recipe, args.steps, 1, 1), codecs, device)
     cfg = ModelConfig.from_dict(settings["model"])
     flops = train_flops(cfg, len(codecs[1]), batches) / len(batches)

@@ -228,7 +228,7 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BELOW) and mallopt(M_TRIM_THRESHOLD, KEEP_BELOW))
 
 
-def bound_gpu_memory(megabytes: int) -> None:
+def set_gpu_memory_bound(megabytes: int) -> None:
     """--gpu-mem-mb N becomes NMT_GPU_MEM_MB, which the stage applies to its device
     (nmt.core.runtime.bound_gpu_memory) and the processes torchrun starts inherit. A bound, like
     the thread count, changes no result: a command-line value, not a param, so changing it
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "threads") and not said(args.stage, "SETS_OWN_THREADS", False):
             set_threads(args.threads)  # the torch stages; train sets its own (nmt.stages.train)
         if getattr(args, "gpu_mem_mb", 0):  # train, evaluate, bench
-            bound_gpu_memory(args.gpu_mem_mb)
+            set_gpu_memory_bound(args.gpu_mem_mb)
         status = args.func(args, params) or 0
         if Completion.late_sigterm and status == 0:
             print(f"nmt {args.stage}: SIGTERM came after the last outputs were written; they are "

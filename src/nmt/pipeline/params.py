@@ -119,7 +119,7 @@ def check_semantics(params: dict) -> None:
             raise NmtError(f"params.yaml: recipes.{name}: a recipe builds on one other "
                            "(fix: keep ablation_of or step_of, not both)")
     check_one_corpus(params)
-    check_export(params["pipeline"])
+    check_export_list(params["pipeline"])
     if params["bench"]["recipe"] not in params["pipeline"]["recipes"]:
         raise NmtError(
             f"params.yaml: bench.recipe {params['bench']['recipe']!r} is not in pipeline.recipes "
@@ -143,7 +143,7 @@ def check_one_corpus(params: dict) -> None:
                 f"'bench.recipe={name}'`)")
 
 
-def check_export(pipeline: dict) -> None:
+def check_export_list(pipeline: dict) -> None:
     """pipeline.export names models the pipeline trains and CTranslate2 can run."""
     for name in pipeline["export"]:
         if name not in ENCODER_DECODERS:

@@ -187,7 +187,7 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
     bound_gpu_memory(device)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     cfg = ModelConfig.from_dict(settings["model"])
-    timed, test, padding = bench_data(settings, paths.tokenized, plan, (src_codec, tgt_codec),
+    timed, test, padding = bench_inputs(settings, paths.tokenized, plan, (src_codec, tgt_codec),
                                       device)
     testset = settings["evaluate"]["testsets"][0]
     log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
@@ -215,7 +215,7 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
     return out
 
 
-def bench_data(settings: dict, tokenized: Path, plan: SpeedPlan, codecs: tuple, device):
+def bench_inputs(settings: dict, tokenized: Path, plan: SpeedPlan, codecs: tuple, device):
     """(the timed training batches on device, the test sentences to decode, the padding of the
     recipe's training batches: padding_shares)."""
     train, max_len = settings["train"], settings["model"]["max_len"]

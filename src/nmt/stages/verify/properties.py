@@ -45,12 +45,12 @@ def real_rows(src: torch.Tensor, tgt_in: torch.Tensor, pad_id: int):
     return [(cut(src, i), cut(tgt_in, i)) for i in range(src.size(0))]
 
 
-def count_diff(model, expected: int) -> float:
+def params_off_formula(model, expected: int) -> float:
     """The model's parameter count (shared weights once) against the formula's."""
     return abs(n_params(model) - expected)
 
 
-def shape_mismatches(model, src, tgt_in, tgt_vocab_size: int, nhead: int, layers: int) -> float:
+def wrong_shapes(model, src, tgt_in, tgt_vocab_size: int, nhead: int, layers: int) -> float:
     """How many of forward, decode_step and the decoder_cross maps have a wrong shape."""
     (B, S), T = src.shape, tgt_in.size(1)
     with torch.no_grad():
@@ -139,8 +139,8 @@ def gradient_faults(model, src, tgt, pad_id: int) -> float:
 def structure_checks(checklist: Checklist, model, expected_params: int, src, tgt_in,
                      tgt_vocab_size: int, nhead: int, layers: int) -> None:
     """Parameter count against its formula, and output shapes, on the model as built."""
-    checklist.check("parameter count", 0.0, count_diff, model, expected_params)
-    checklist.check("output shapes", 0.0, shape_mismatches, model, src, tgt_in, tgt_vocab_size,
+    checklist.check("parameter count", 0.0, params_off_formula, model, expected_params)
+    checklist.check("output shapes", 0.0, wrong_shapes, model, src, tgt_in, tgt_vocab_size,
                     nhead, layers)
 
 
