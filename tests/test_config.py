@@ -50,6 +50,16 @@ def test_repository_params_are_valid():
         ({"recipes": {"published": {}, "bad": {"train": {"lr": -1}}}},
          "recipes.bad.train.lr: -1 is less than or equal to the minimum of 0"),
         ({"model": {"tie_embeddings": True}}, "tie_embeddings needs one shared vocabulary"),
+        # Rotary positions: the scratch model's only, and pairs of features in a head.
+        ({"model": {"positions": "rotary"}},
+         "published has model.positions rotary, which only scratch has, and pipeline.models "
+         "also trains baseline, decoder_only (fix: pipeline.models: [scratch]"),
+        ({"model": {"positions": "rotary", "d_model": 24, "nhead": 8}},
+         "model: rotary positions rotate pairs of features, and a head has 3"),
+        ({"model": {"positions": "spiral"}}, "model.positions: 'spiral' is not allowed"),
+        ({"model": {"positions": "rotary"}, "pipeline": {"models": ["scratch"],
+                                                         "export": ["scratch"]}},
+         "pipeline.export: published has model.positions rotary, which the CTranslate2"),
         ({"train": {"epochs": 2, "average_last": 3}},
          "train.average_last 3 exceeds train.epochs 2"),
         # Limits the schema alone owns (ModelConfig no longer repeats them).

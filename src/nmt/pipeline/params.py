@@ -127,6 +127,7 @@ def check_semantics(params: dict) -> None:
         )
     for name in params["recipes"]:
         check_recipe(params, name)
+    check_positions(params)
 
 
 def check_one_corpus(params: dict) -> None:
@@ -141,6 +142,24 @@ def check_one_corpus(params: dict) -> None:
                 "sections, but one pipeline tokenizes one corpus (fix: run them in separate "
                 "pipelines, e.g. `dvc exp run -S 'pipeline.recipes=[" + name + "]' -S "
                 f"'bench.recipe={name}'`)")
+
+
+def check_positions(params: dict) -> None:
+    """Rotary positions exist in the scratch model only: a pipeline that trains a recipe with
+    them trains no other model (the others would refuse to build) and exports nothing (the
+    conversion to CTranslate2 knows sinusoids only)."""
+    others = [m for m in params["pipeline"]["models"] if m != "scratch"]
+    for name in params["pipeline"]["recipes"]:
+        positions = resolve(params, name)["model"]["positions"]
+        if positions != "sinusoidal" and others:
+            raise NmtError(f"params.yaml: pipeline.recipes: {name} has model.positions "
+                           f"{positions}, which only scratch has, and pipeline.models also "
+                           f"trains {', '.join(others)} (fix: pipeline.models: [scratch], or "
+                           "positions: sinusoidal)")
+        if positions != "sinusoidal" and params["pipeline"]["export"]:
+            raise NmtError(f"params.yaml: pipeline.export: {name} has model.positions "
+                           f"{positions}, which the CTranslate2 conversion does not map (fix: "
+                           "pipeline.export: [], or positions: sinusoidal)")
 
 
 def check_export_list(pipeline: dict) -> None:
@@ -169,6 +188,10 @@ def check_recipe(params: dict, name: str) -> None:
     if model["d_model"] % model["nhead"]:
         raise NmtError(f"params.yaml: {at('model')}: d_model {model['d_model']} is not divisible "
                        f"by nhead {model['nhead']} (fix: make d_model a multiple of nhead)")
+    if model["positions"] == "rotary" and (model["d_model"] // model["nhead"]) % 2:
+        raise NmtError(f"params.yaml: {at('model')}: rotary positions rotate pairs of features, "
+                       f"and a head has {model['d_model'] // model['nhead']} (fix: an even "
+                       "d_model / nhead)")
     if model["tie_embeddings"] and r["vocab"]["kind"] != "bpe":
         raise NmtError(f"params.yaml: {at('model')}: tie_embeddings needs one shared vocabulary "
                        "(fix: set vocab.kind: bpe or tie_embeddings: false)")
