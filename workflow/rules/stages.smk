@@ -175,6 +175,7 @@ rule train:
             "src/nmt/core/graphs.py",
             "src/nmt/core/launch.py",
             "src/nmt/core/resume.py",
+            "src/nmt/core/faults.py",
             "src/nmt/core/distributed.py",
             "src/nmt/core/runtime.py",
             "src/nmt/core/loss.py",
