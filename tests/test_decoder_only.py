@@ -23,9 +23,10 @@ from nmt.models.decoder_only import (
 )
 from nmt.models.decoder_only import block as block_module
 from nmt.models.decoder_only import model as model_module
-from nmt.stages.verify import decoder_only as properties
+from nmt.stages.verify import decoder_only, properties
 from synthetic import synthetic_batches
 from test_models import padded_batch
+from test_verify import assert_fails_exactly
 
 CFG = ModelConfig(num_encoder_layers=1, num_decoder_layers=1, d_model=32, nhead=4,
                   dim_feedforward=64, dropout=0.1, max_len=64)
@@ -161,8 +162,8 @@ def test_prefix_and_causal_differ_over_the_source_only():
     with torch.no_grad():
         hp, hc = prefix.states(src, tgt)[0], causal.states(src, tgt)[0]
     assert verify.max_abs_diff(hp[:, src.size(1):], hc[:, src.size(1):]) > 1e-3
-    assert properties.causal_source_diff(causal, src, tgt, PAD_ID) == 0.0
-    assert properties.prefix_unreached(prefix, src, tgt, PAD_ID) == 0.0
+    assert decoder_only.causal_source_diff(causal, src, tgt, PAD_ID) == 0.0
+    assert decoder_only.prefix_unreached(prefix, src, tgt, PAD_ID) == 0.0
 
 
 def test_length_limits():
@@ -465,11 +466,7 @@ BREAKAGES = {
 @pytest.mark.parametrize("breakage", list(BREAKAGES), ids=lambda f: f.__name__)
 def test_broken_model_fails_the_right_checks(breakage, batches, monkeypatch):
     breakage(monkeypatch)
-    checks, passed = run(batches)
-    must_fail, must_pass = BREAKAGES[breakage]
-    table = verify.format_table({"checks": checks, "passed": False})
-    assert not any(passed[name] for name in must_fail), table
-    assert all(passed[name] for name in must_pass), table
+    assert_fails_exactly(*run(batches), *BREAKAGES[breakage])
 
 
 def test_a_harmless_change_passes(batches, monkeypatch):

@@ -246,15 +246,20 @@ BREAKAGES = {
 }
 
 
+def assert_fails_exactly(checks: list[dict], passed: dict, must_fail, must_pass) -> None:
+    """A planted bug fails the checks meant to catch it and leaves the others passing; the
+    checks' table is the message."""
+    table = verify.format_table({"checks": checks, "passed": False})
+    assert not any(passed[name] for name in must_fail), table
+    assert all(passed[name] for name in must_pass), table
+
+
 @pytest.mark.parametrize("breakage", list(BREAKAGES), ids=lambda f: f.__name__)
 def test_broken_model_fails_the_right_checks(breakage, batches, monkeypatch):
     breakage(monkeypatch)
     result, passed = run(batches)
-    must_fail, must_pass = BREAKAGES[breakage]
-    table = verify.format_table(result)
-    assert not result["passed"], table
-    assert not any(passed[name] for name in must_fail), table
-    assert all(passed[name] for name in must_pass), table
+    assert not result["passed"], verify.format_table(result)
+    assert_fails_exactly(result["checks"], passed, *BREAKAGES[breakage])
 
 
 # --- a configuration without a twin: rotary positions, property checks only ---------------
@@ -313,11 +318,7 @@ ROTARY_BREAKAGES = {
 def test_broken_rotary_fails_the_right_property_checks(breakage, batches, monkeypatch):
     assert all(rotary_run(batches)[1].values())  # unbroken first
     breakage(monkeypatch)
-    checks, passed = rotary_run(batches)
-    must_fail, must_pass = ROTARY_BREAKAGES[breakage]
-    table = verify.format_table({"checks": checks, "passed": False})
-    assert not any(passed[name] for name in must_fail), table
-    assert all(passed[name] for name in must_pass), table
+    assert_fails_exactly(*rotary_run(batches), *ROTARY_BREAKAGES[breakage])
     # The default (sinusoidal) model has the identity hook: the same breakage leaves it whole.
     default = verify.scratch_checks(CFG, SRC_V, TGT_V, PAD, batches)
     assert all(c["passed"] for c in default), verify.format_table(

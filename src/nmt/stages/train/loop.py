@@ -2,14 +2,14 @@
 
 Writes results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv (one row an epoch) and
 train.json (the summary the report reads), all four only when training completes. Until then
-the run lives in resume.pt (nmt/resume.py): `nmt train` again continues it where it stopped,
+the run lives in resume.pt (nmt.core.resume): `nmt train` again continues it where it stopped,
 with the numbers an uninterrupted run gives; SIGINT/SIGTERM stop after the current step.
 
 Reading order: `train` (the stage), `fit` (the loop, on one screen), then its steps in the
-order they run: `setup`, `resume_or_start`, `update`, `end_epoch` (with `validate`),
+order they run: `setup`, `resume_or_start`, `update`, `end_epoch` (with `validation_loss`),
 `save_state`, `finish` (averaging the last epochs, writing the outputs). `TrainConfig` is the
 train: section of params.yaml, `Paths` where a run reads and writes. Several processes
-(train.devices, torchrun): nmt/distributed.py; the resume state's format: nmt/resume.py.
+(train.devices, torchrun): nmt.core.distributed; the resume state's format: nmt.core.resume.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class Trainer:
     train_batches: Batches
     valid_batches: Batches
     valid_references: Path  # the validation split's raw target lines (for its BLEU)
-    tgt_codec: object  # ids -> detokenized target text (nmt.stages.vocab), for the validation BLEU
+    tgt_codec: object  # ids -> detokenized target text (nmt.core.codecs), for the validation BLEU
     # What best.pt and last.pt record besides the weights (checkpoint.save's keywords): the
     # model's name, config and vocabulary sizes, the model and train settings, the seed, ...
     checkpoint_meta: dict

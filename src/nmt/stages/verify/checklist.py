@@ -44,10 +44,6 @@ class Checklist:
             diff, error = math.inf, f"{type(e).__name__}: {e}"
         self.record(name, diff, tolerance, time.perf_counter() - start, error)
 
-    def extend(self, checks: list[dict]) -> None:
-        """Append checks another checklist took."""
-        self.checks.extend(checks)
-
     @property
     def passed(self) -> bool:
         return all(c["passed"] for c in self.checks)

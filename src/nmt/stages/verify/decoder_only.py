@@ -11,7 +11,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from nmt.models import ModelConfig, build_model
+from nmt.models import ModelConfig
 from nmt.models.decoder_only import (
     LayerNorm,
     decoder_only_layers,
@@ -19,17 +19,12 @@ from nmt.models.decoder_only import (
     encoder_decoder_param_count,
 )
 from nmt.stages.verify.checklist import Checklist
-from nmt.stages.verify.measure import check_batches, max_abs_diff
-
-# cached_decoding_diff and padding_diff: the decoder-only tests measure with them from here.
+from nmt.stages.verify.measure import max_abs_diff
 from nmt.stages.verify.properties import (
     CAUSALITY_TOLERANCE,
     REACHED,
-    cached_decoding_diff,  # noqa: F401
-    float64_checks,
-    other_token,
-    padding_diff,  # noqa: F401
-    structure_checks,
+    last_word_changed,
+    property_checks,
 )
 
 LAYER_NORM_TOLERANCE = 1e-12
@@ -58,10 +53,8 @@ def layer_norm_diff(model, src, tgt_in) -> float:
 def source_change(model, src, tgt_in, pad_id: int):
     """Change each row's last source word: (|change| of the source states (B, S), max over
     features; real earlier source positions (B, S))."""
-    B, S = src.shape
-    last = (src != pad_id).sum(dim=1) - 2  # the word before <eos>
-    changed = src.clone()
-    changed[torch.arange(B), last] = other_token(src[torch.arange(B), last])
+    S = src.size(1)
+    changed, last = last_word_changed(src, pad_id)
     with torch.no_grad():  # final states of [source | target]
         (before, _, _), (after, _, _) = model.states(src, tgt_in), model.states(changed, tgt_in)
         state_change = (after[:, :S] - before[:, :S]).abs().amax(-1)
@@ -83,21 +76,14 @@ def causal_source_diff(model, src, tgt_in, pad_id: int) -> float:
 
 def decoder_only_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
                         pad_id: int, batches: list, seed: int = 0) -> list[dict]:
-    """The decoder-only model's property checks on a real padded batch, rows as run_checks's."""
-    _, (src, tgt) = check_batches([(s.cpu(), t.cpu()) for s, t in batches], pad_id)
-    checklist, tgt_in = Checklist(kind="property", prefix="decoder_only: "), tgt[:, :-1]
-    with torch.random.fork_rng(devices=[]):  # seeded weights and LayerNorm inputs
-        torch.manual_seed(seed)
-        model = build_model("decoder_only", cfg, src_vocab_size, tgt_vocab_size, pad_id).eval()
-        structure_checks(checklist, model,
-                         decoder_only_param_count(cfg, src_vocab_size, tgt_vocab_size), src,
-                         tgt_in, tgt_vocab_size, cfg.nhead,
-                         decoder_only_layers(cfg, src_vocab_size, tgt_vocab_size))
-        model = model.double()
+    """The decoder-only model's property checks on a real padded batch, rows as run_checks's:
+    every model's (properties.py) and its own."""
+
+    def own_checks(checklist: Checklist, model, src, tgt) -> None:
+        tgt_in = tgt[:, :-1]
         # LayerNorm first: it draws its weights and inputs from the seeded RNG.
         checklist.check("LayerNorm = nn.LayerNorm (float64)", LAYER_NORM_TOLERANCE,
                         layer_norm_diff, model, src, tgt_in)
-        float64_checks(checklist, model, src, tgt, pad_id)
         if cfg.attention == "prefix":
             checklist.check("prefix: source sees later source (float64)", 0.0,
                             prefix_unreached, model, src, tgt_in, pad_id)
@@ -105,4 +91,9 @@ def decoder_only_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: i
             checklist.check("causal: source sees no later source (float64)",
                             CAUSALITY_TOLERANCE, causal_source_diff, model, src, tgt_in,
                             pad_id)
-    return checklist.checks
+
+    return property_checks("decoder_only", cfg, src_vocab_size, tgt_vocab_size, pad_id,
+                           batches, seed, own_checks=own_checks,
+                           expected_params=decoder_only_param_count(cfg, src_vocab_size,
+                                                                    tgt_vocab_size),
+                           layers=decoder_only_layers(cfg, src_vocab_size, tgt_vocab_size))

@@ -6,7 +6,8 @@ One checklist for scratch and decoder_only alike, each check of kind "property":
 - float64_checks, on the model in float64: causality, the source reaching every target
   position, cached decoding (two beams a sentence, reordered, one sentence finished) = forward,
   extra padding changes nothing, fused = math attention, and finite gradients.
-scratch_checks runs them on the scratch model; decoder_only.py adds that model's own checks.
+property_checks runs them on one model (scratch_checks: on the scratch model); decoder_only.py
+adds that model's own checks.
 """
 
 import torch
@@ -74,13 +75,19 @@ def causality_diff(model, src, tgt_in) -> float:
     return max(diffs)
 
 
+def last_word_changed(src: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(src with each row's last source word, the one before <eos>, changed; that word's
+    position in each row (B,))."""
+    rows, last = torch.arange(src.size(0)), (src != pad_id).sum(dim=1) - 2
+    changed = src.clone()
+    changed[rows, last] = other_token(src[rows, last])
+    return changed, last
+
+
 def unreached_targets(model, src, tgt_in, pad_id: int) -> float:
     """How many real target positions' logits a change of each row's last source word (the
     one before <eos>) leaves as they were."""
-    B = src.size(0)
-    last = (src != pad_id).sum(dim=1) - 2
-    changed = src.clone()
-    changed[torch.arange(B), last] = other_token(src[torch.arange(B), last])
+    changed, _ = last_word_changed(src, pad_id)
     with torch.no_grad():
         logit_change = (model(changed, tgt_in) - model(src, tgt_in)).abs().amax(-1)  # (B, T)
     return float(((logit_change <= REACHED) & (tgt_in != pad_id)).sum())
@@ -160,17 +167,31 @@ def float64_checks(checklist: Checklist, model, src, tgt, pad_id: int) -> None:
                     pad_id)
 
 
+def property_checks(name: str, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                    pad_id: int, batches: list, seed: int, *, expected_params: int,
+                    layers: int, own_checks=None) -> list[dict]:
+    """Model `name`'s property checks on a real padded batch, named "<name>: ...": built with
+    seeded weights, its structure, then in float64 `own_checks(checklist, model, src, tgt)`
+    (what only this model must do; it may draw from the seeded RNG) and every model's."""
+    _, (src, tgt) = check_batches([(s.cpu(), t.cpu()) for s, t in batches], pad_id)
+    checklist = Checklist(kind="property", prefix=f"{name}: ")
+    with torch.random.fork_rng(devices=[]):  # seeded weights (and own checks' draws)
+        torch.manual_seed(seed)
+        model = build_model(name, cfg, src_vocab_size, tgt_vocab_size, pad_id).eval()
+        structure_checks(checklist, model, expected_params, src, tgt[:, :-1], tgt_vocab_size,
+                         cfg.nhead, layers)
+        model = model.double()
+        if own_checks is not None:
+            own_checks(checklist, model, src, tgt)
+        float64_checks(checklist, model, src, tgt, pad_id)
+    return checklist.checks
+
+
 def scratch_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int,
                    batches: list, seed: int = 0) -> list[dict]:
-    """The scratch model's property checks on a real padded batch, named "scratch: ...": the
-    whole proof of a configuration nn.Transformer cannot express (cfg.positions rotary)."""
-    _, (src, tgt) = check_batches([(s.cpu(), t.cpu()) for s, t in batches], pad_id)
-    checklist = Checklist(kind="property", prefix="scratch: ")
-    with torch.random.fork_rng(devices=[]):  # seeded weights
-        torch.manual_seed(seed)
-        model = build_model("scratch", cfg, src_vocab_size, tgt_vocab_size, pad_id).eval()
-        structure_checks(checklist, model,
-                         encoder_decoder_param_count(cfg, src_vocab_size, tgt_vocab_size), src,
-                         tgt[:, :-1], tgt_vocab_size, cfg.nhead, cfg.num_decoder_layers)
-        float64_checks(checklist, model.double(), src, tgt, pad_id)
-    return checklist.checks
+    """The scratch model's property checks: the whole proof of a configuration nn.Transformer
+    cannot express (cfg.positions rotary)."""
+    return property_checks("scratch", cfg, src_vocab_size, tgt_vocab_size, pad_id, batches,
+                           seed, layers=cfg.num_decoder_layers,
+                           expected_params=encoder_decoder_param_count(cfg, src_vocab_size,
+                                                                       tgt_vocab_size))
