@@ -448,13 +448,13 @@ def test_rotary_scores_depend_on_the_distance_only():
     q, k = torch.randn(2, 1, 1, 1, SMALL.d_model // SMALL.nhead, dtype=torch.float64)
 
     def score(p, p2):
-        return (attn.at_positions(q, torch.tensor([p])) *
-                attn.at_positions(k, torch.tensor([p2]))).sum()
+        return (attn.at_positions(q, p) *
+                attn.at_positions(k, p2)).sum()
 
     # The tables are float32 (as the sinusoids'): angles agree to float32's rounding.
     torch.testing.assert_close(score(3, 7), score(10, 14), rtol=0, atol=1e-6)
     assert abs(score(3, 7) - score(3, 8)) > 1e-3
-    torch.testing.assert_close(attn.at_positions(q, torch.tensor([0])), q, rtol=0, atol=0)
+    torch.testing.assert_close(attn.at_positions(q, 0), q, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])

@@ -149,7 +149,7 @@ def padding_ignored(monkeypatch):
 
 def keys_values_swapped(monkeypatch):
     """Packed projection read as [W_q; W_v; W_k] instead of nn.MultiheadAttention's order."""
-    def project_self(self, x, positions=None):
+    def project_self(self, x, start=None):
         q, k, v = [self.split_heads(t) for t in self.qkv(x).chunk(3, dim=-1)]
         return q, v, k
 
@@ -295,15 +295,15 @@ def hook_skipped_in_beam_path(monkeypatch):
     """Positions act in the full-sequence paths (math and fused) but not in the cached step's
     beam_attention: the step's queries and keys (its explicit positions) go unrotated."""
     at_positions = MultiHeadAttention.at_positions
-    monkeypatch.setattr(MultiHeadAttention, "at_positions", lambda self, x, positions:
-                        x if positions is not None else at_positions(self, x, positions))
+    monkeypatch.setattr(MultiHeadAttention, "at_positions", lambda self, x, start:
+                        x if start is not None else at_positions(self, x, start))
 
 
 def cached_position_off_by_one(monkeypatch):
     """Cached decoding rotates the newest position as if it were one further on."""
     at_positions = MultiHeadAttention.at_positions
-    monkeypatch.setattr(MultiHeadAttention, "at_positions", lambda self, x, positions:
-                        at_positions(self, x, None if positions is None else positions + 1))
+    monkeypatch.setattr(MultiHeadAttention, "at_positions", lambda self, x, start:
+                        at_positions(self, x, None if start is None else start + 1))
 
 
 ROTARY_BREAKAGES = {

@@ -73,20 +73,20 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.nhead, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
 
-    def project_self(self, x: torch.Tensor, positions: torch.Tensor | None = None):
+    def project_self(self, x: torch.Tensor, start: int | None = None):
         """Queries, keys and values of x (B, T, D) in one matmul, each (B, H, T, Dh); queries
-        and keys placed at positions ((T,) or (B, T); None: 0 .. T-1) by at_positions."""
+        and keys placed at positions start .. start + T - 1 by at_positions (None: a whole
+        sequence, from 0; the cached step gives its one position)."""
         q, k, v = [self.split_heads(t) for t in self.qkv(x).chunk(3, dim=-1)]
-        return self.at_positions(q, positions), self.at_positions(k, positions), v
+        return self.at_positions(q, start), self.at_positions(k, start), v
 
-    def at_positions(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-        """The position hook: queries or keys x (B, H, T, Dh) at their positions. Identity
-        (x itself) by default, where the positions were added to the embeddings."""
+    def at_positions(self, x: torch.Tensor, start: int | None) -> torch.Tensor:
+        """The position hook: queries or keys x (B, H, T, Dh) at positions start .. start + T -
+        1. Identity (x itself) by default, where the positions were added to the embeddings:
+        no work at all on that path."""
         if self.rotary is None:
             return x
-        if positions is None:
-            positions = torch.arange(x.size(2), device=x.device)
-        return self.rotary(x, positions)
+        return self.rotary(x, start or 0)
 
     def project_query(self, x: torch.Tensor) -> torch.Tensor:
         """Queries of x (B, T, D) for cross-attention: (B, H, T, Dh)."""

@@ -120,8 +120,7 @@ class DecoderLayer(nn.Module):
     def step(self, x: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
         """The newest position of every row, x (B*K, 1, D), with the cache's earlier ones;
         stores its keys and values there. The K beams of a sentence are its K queries."""
-        K, attn, t = cache.beams, self.self_attn, cache.length - 1  # t: the newest position
-        newest = torch.arange(t, t + 1, device=x.device)  # every slot's position t is t
+        K, attn, newest = cache.beams, self.self_attn, cache.length - 1  # every row's position
         q, k, v = attn.project_self(self.sublayer_input(x, self.norm1), newest)  # (B*K,H,1,Dh)
         keys, values = cache.write(layer, k, v)
         y = beam_attention(by_sentence(q, K), keys, values, cache.slots, cache.real, attn.scale)

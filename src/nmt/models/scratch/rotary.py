@@ -23,12 +23,11 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x (B, H, T, Dh) at positions (T,), or (B, T) when each row has its own; the
-        embeddings' length check (max_len) has already run."""
-        # (T, Dh/2) or (B, T, Dh/2); in x's dtype, so that bf16 queries stay bf16
-        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
-        if positions.dim() == 2:
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, Dh/2): the same for every head
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """x (..., T, Dh) at positions start .. start + T - 1; the embeddings' length check
+        (max_len) has already run."""
+        end = start + x.size(-2)
+        # (T, Dh/2), the same for every row and head; in x's dtype, so bf16 stays bf16
+        cos, sin = self.cos[start:end].to(x.dtype), self.sin[start:end].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)  # the two halves: pair i is (x1[i], x2[i])
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
