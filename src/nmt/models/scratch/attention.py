@@ -81,8 +81,8 @@ class MultiHeadAttention(nn.Module):
         return self.at_positions(q, start), self.at_positions(k, start), v
 
     def at_positions(self, x: torch.Tensor, start: int | None) -> torch.Tensor:
-        """The position hook: queries or keys x (B, H, T, Dh) at positions start .. start + T -
-        1. Identity (x itself) by default, where the positions were added to the embeddings:
+        """The position hook: queries or keys x (B, H, T, Dh) at their positions, from start
+        on. Identity (x itself) by default, where the positions were added to the embeddings:
         no work at all on that path."""
         if self.rotary is None:
             return x
