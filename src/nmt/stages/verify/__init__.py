@@ -88,8 +88,9 @@ def verify(settings: dict, paths: Paths) -> bool:
 
 # ---- `nmt verify`: nmt.cli builds the subcommand from HELP, arguments and command ----------------
 
-HELP = ("Read data/tokenized and data/vocab/<recipe>, prove the scratch model computes what "
-        "torch.nn.Transformer computes at the recipe's size, write "
+HELP = ("Read data/tokenized and data/vocab/<recipe>, check at the recipe's size that every "
+        "model has the properties the pipeline relies on and, where torch.nn.Transformer can "
+        "express the configuration, that the scratch model computes what it computes; write "
         "results/verify/<recipe>.json; exit 1 if a check fails.")
 MEMORY_FIX = "a smaller model"  # what to make smaller when it runs out of memory
 
