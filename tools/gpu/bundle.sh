@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # Prepare a run of the pipeline on a GPU machine that has PyTorch but no network and none of
 # DVC, Snakemake, jsonschema or spaCy: build the data stages here (download ... vocab, the
-# only ones that need the network or spaCy) and download, as wheels for the machine's Python,
-# what `nmt`, Snakemake and DVC need there beyond its image (image-packages.txt).
+# only ones that need the network or spaCy) and verify (a minute or two of CPU here that the
+# GPU machine's minutes need not pay), and download, as wheels for the machine's Python, what
+# `nmt`, Snakemake and DVC need there beyond its image (image-packages.txt).
 #
-#   make gpu-bundle          # = bash tools/gpu/bundle.sh; then carry data/ and .whl/ over
-#   bash tools/gpu/run.sh    # there (see that file)
+#   make gpu-bundle          # = bash tools/gpu/bundle.sh; then carry data/, params/,
+#   bash tools/gpu/run.sh    # results/verify/ and .whl/ over, and run this there
 #
 # Environment: PY (the machine's Python, default 3.12), PLATFORMS (its manylinux tags).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-3.12}
 BIN=${BIN:-.venv/bin}
+export PATH="$(cd "$BIN" && pwd):$PATH"  # the stages' `nmt` (make gpu-bundle sets it too)
 WHEELS=.whl
 platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64
            manylinux2014_x86_64 manylinux1_x86_64 any)
 
-echo "== data: dvc repro vocab (download, tokenize, config, vocab of every recipe in pipeline)"
-"$BIN/dvc" repro vocab
+echo "== data: dvc repro verify (download, tokenize, config, vocab and verify of every recipe)"
+"$BIN/dvc" repro verify
 
 echo "== wheels for Python $PY: snakemake, dvc, jsonschema and what they need"
 all=$(mktemp -d)
@@ -35,4 +37,5 @@ for wheel in "$all"/*.whl; do
     name=$(basename "$wheel" | cut -d- -f1 | normal)
     grep -qx "$name" <<<"$image" || cp "$wheel" "$WHEELS/"
 done
-echo "== ready: $(ls "$WHEELS" | wc -l) wheels ($(du -sh "$WHEELS" | cut -f1)), data/ $(du -sh data | cut -f1)"
+echo "== ready: $(ls "$WHEELS" | wc -l) wheels ($(du -sh "$WHEELS" | cut -f1)), data/ $(du -sh data | cut -f1)," \
+    "results/verify/ $(du -sh results/verify | cut -f1)"

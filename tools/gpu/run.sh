@@ -1,26 +1,37 @@
 #!/usr/bin/env bash
 # The whole comparison on a GPU machine that has PyTorch but no network, from what
-# tools/gpu/bundle.sh prepared here (carry data/, params/ and .whl/ with the working tree):
+# tools/gpu/bundle.sh prepared here (carry data/, results/verify/, params/ and .whl/ with the
+# working tree):
 #
-#   OUT=folder bash tools/gpu/run.sh [MINUTES] [more snakemake arguments]
+#   OUT=folder bash tools/gpu/run.sh [MINUTES] [EXTRA RUNS ...]
 #
-# Snakemake runs the trainings at once under workflow/profiles/gpu. After MINUTES (default 9)
-# it is interrupted: each training stops after its current step and keeps its resume state, so
-# the same command again (on the same machine) goes on where it stopped. Every call packs the
-# small results (no checkpoints) into $OUT/results.tgz and its output into $OUT/log; when the
-# whole pipeline is done, `dvc commit` records it in dvc.lock (in the pack too).
-#
-# Until CUDA graph updates (train.cuda_graphs) have run on a GPU once, check them first, on the
-# same machine (about a minute; this script then finds the wheels installed):
-#
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-#       --target /tmp/nmt-site .whl/*.whl
-#   PYTHONPATH=/tmp/nmt-site OUT=folder python3 tools/gpu/check_graphs.py
+# Within MINUTES (default 9), in this order:
+#   1. tools/gpu/preflight.py (at most ~90 s): which attention kernels the models take, each
+#      checked against an fp32 reference (dropout included), and scratch's expected gradient
+#      against the baseline's from the same weights; its verdict line, $OUT/preflight.json.
+#   2. tools/gpu/check_graphs.py: CUDA graph updates against eager ones (dropout off), dropout
+#      on in replayed graphs, and the milliseconds an update of each ($OUT/check_graphs.json).
+#      If the graphs fail it, training runs eagerly (train.cuda_graphs: false here).
+#   3. tools/gpu/plan.py: which runs fit in the minutes left at that speed, the published
+#      baseline and scratch first, then the rest of params.yaml's pipeline, then EXTRA RUNS
+#      (e.g. published-baseline-s1 published-scratch-s1); it prints the plan.
+#   4. Snakemake (workflow/profiles/gpu) trains and evaluates the planned runs at once, then
+#      the bench and the report if every run of the pipeline is in the plan. At the deadline it
+#      is interrupted: each training stops after its current step and keeps its resume state,
+#      so the same command again (on the same machine) goes on where it stopped.
+# Every call packs the small results (no checkpoints) into $OUT/results.tgz and its output
+# into $OUT/log; when the whole pipeline is done, `dvc commit` records it in dvc.lock.
+# SKIP_CHECKS=1 skips steps 1 and 2 (a second call on the same machine: plan.py then reuses
+# the first call's check_graphs.json, which it finds in $CHECKS, default /tmp/nmt-checks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 minutes=${1:-9}
 shift || true
+extra=("$@")
 OUT=${OUT:-gpu-out}
+CHECKS=${CHECKS:-/tmp/nmt-checks}
+deadline=$(( $(date +%s) + $(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 }') ))
+minutes_left() { awk -v s=$(( deadline - $(date +%s) )) 'BEGIN { printf "%.2f", s / 60 }'; }
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -40,31 +51,59 @@ done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
-# The data stages ran where spaCy and the network are: mark their carried outputs up to date
-# (file times do not survive the trip), so Snakemake starts at verify.
+# The data stages and verify ran where spaCy and the network are: mark their carried outputs
+# up to date (file times do not survive the trip), so Snakemake starts at the trainings.
 vocabs=(data/vocab/*/)
-snakemake --workflow-profile workflow/profiles/gpu --touch "${vocabs[@]%/}"
+snakemake --workflow-profile workflow/profiles/gpu --touch "${vocabs[@]%/}" results/verify/*.json
 
-# Two passes within MINUTES: everything but bench (and the report, which reads bench.json)
-# first, then the rest. bench holds the whole GPU to be timed alone; in one pass it was ready
-# first and kept six trainings waiting 75 s on the first GPU run.
-deadline=$(( $(date +%s) + $(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 }') ))
+mkdir -p "$CHECKS"
+if [ -z "${SKIP_CHECKS:-}" ]; then
+    echo "== 1. preflight ($(minutes_left) min left)"
+    preflight=0
+    timeout -k 10 150 python3 tools/gpu/preflight.py --json "$CHECKS/preflight.json" || preflight=$?
+    cp "$CHECKS/preflight.json" "$OUT/" 2>/dev/null || true
+    echo "preflight exit $preflight"
+    echo "== 2. CUDA graphs against eager updates ($(minutes_left) min left)"
+    graphs=0
+    OUT="$CHECKS" timeout -k 10 150 python3 tools/gpu/check_graphs.py --updates 100 || graphs=$?
+    cp "$CHECKS/check_graphs.json" "$OUT/" 2>/dev/null || true
+    if [ "$graphs" != 0 ]; then
+        echo "CUDA graphs failed their check (exit $graphs): training eagerly (train.cuda_graphs: false)"
+        python3 - <<'PY'
+from pathlib import Path
+import re
+path = Path("params.yaml")
+path.write_text(re.sub(r"(?m)^(  cuda_graphs:) auto", r"\1 false", path.read_text(), count=1))
+PY
+    fi
+fi
+
+echo "== 3. plan ($(minutes_left) min left)"
+python3 tools/gpu/plan.py --minutes "$(minutes_left)" --check "$CHECKS/check_graphs.json" \
+    --extra "${extra[@]}" --targets "$OUT/targets.txt"
+mapfile -t targets <"$OUT/targets.txt"
+
+echo "== 4. train and evaluate ($(minutes_left) min left)"
 within_minutes() {
     local left=$(( deadline - $(date +%s) ))
     (( left > 0 )) || return 124
     timeout -s INT -k 60 "$left" snakemake --workflow-profile workflow/profiles/gpu "$@"
 }
+# Two passes: the runs first, then bench (it holds the whole GPU to be timed alone; in one
+# pass it was ready first and kept six trainings waiting 75 s) and the report.
 status=0
-within_minutes --omit-from bench "$@" || status=$?
+within_minutes --omit-from bench "${targets[@]}" || status=$?
 if [ "$status" != 124 ]; then  # time left: bench, the report, and a retry of what failed
     status=0
-    within_minutes "$@" || status=$?
+    within_minutes "${targets[@]}" || status=$?
 fi
-if [ "$status" = 0 ]; then
+if [ "$status" = 0 ] && grep -qx reports/report.md "$OUT/targets.txt"; then
     dvc commit -f -q && echo "dvc.lock: every stage recorded"
+elif [ "$status" = 0 ]; then
+    echo "the planned runs are done; the rest of the pipeline did not fit (see the plan)"
 else
     echo "snakemake stopped (exit $status); run this again to go on"
 fi
-tar czf "$OUT/results.tgz" --exclude='*.pt' results reports dvc.lock logs 2>/dev/null || true
+tar czf "$OUT/results.tgz" --exclude='*.pt' results reports dvc.lock logs params.yaml 2>/dev/null || true
 ls -la "$OUT"
 exit "$status"

@@ -20,6 +20,13 @@ log = logging.getLogger("nmt.runtime")
 # Megabytes (10^6 bytes, as Snakemake's mem_mb) of CUDA memory this process may take; `nmt
 # train|evaluate|bench --gpu-mem-mb` sets it, and torchrun's processes inherit it.
 GPU_MEMORY_ENV = "NMT_GPU_MEM_MB"
+# The attention kernels (F.scaled_dot_product_attention's backends) this process may use, comma
+# separated; unset: any. tools/gpu/preflight.py checks each kernel at the models' own calls and
+# prints the setting that leaves out one it found wrong; tools/gpu/run.sh then exports it for
+# every stage. Like the memory bound it is the machine's, not a param (right kernels give the
+# same results); train.json records it.
+ATTENTION_KERNELS_ENV = "NMT_ATTENTION_KERNELS"
+ATTENTION_KERNELS = ("flash", "efficient", "cudnn", "math")
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -58,6 +65,29 @@ def bound_gpu_memory(device: torch.device) -> None:
     torch.cuda.set_per_process_memory_fraction(fraction, index)
     log.info("CUDA memory bounded at %d MB, %.1f%% of %s's %d MB", megabytes, 100 * fraction,
              device, total // 10**6)
+
+
+def limit_attention_kernels() -> str:
+    """Allow only the attention kernels NMT_ATTENTION_KERNELS names (torch.backends.cuda's
+    switches, which F.scaled_dot_product_attention reads on every call); returns the setting
+    in force ("any" when unset)."""
+    value = os.environ.get(ATTENTION_KERNELS_ENV, "").strip()
+    if not value:
+        return "any"
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in ATTENTION_KERNELS]
+    if unknown or "math" not in names:
+        raise NmtError(f"{ATTENTION_KERNELS_ENV}={value!r}: names {', '.join(ATTENTION_KERNELS)} "
+                       "only, and math among them, which every call can take (fix: e.g. "
+                       f"{ATTENTION_KERNELS_ENV}=efficient,math, or unset it)")
+    switches = {"flash": torch.backends.cuda.enable_flash_sdp,
+                "efficient": torch.backends.cuda.enable_mem_efficient_sdp,
+                "cudnn": torch.backends.cuda.enable_cudnn_sdp,
+                "math": torch.backends.cuda.enable_math_sdp}
+    for name, switch in switches.items():
+        switch(name in names)
+    log.info("attention kernels: %s only (%s)", ", ".join(names), ATTENTION_KERNELS_ENV)
+    return ",".join(names)
 
 
 def seed_everything(seed: int) -> None:

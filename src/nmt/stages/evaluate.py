@@ -24,7 +24,13 @@ from nmt.core.errors import NmtError, last_outputs
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.loss import token_loss
 from nmt.core.runs import Run, RunFiles
-from nmt.core.runtime import autocast, bound_gpu_memory, pick_device, resolve_precision
+from nmt.core.runtime import (
+    autocast,
+    bound_gpu_memory,
+    limit_attention_kernels,
+    pick_device,
+    resolve_precision,
+)
 from nmt.core.text import read_lines
 from nmt.core.unknowns import detokenize_outputs, source_surfaces
 from nmt.pipeline import commandline
@@ -142,6 +148,7 @@ def evaluate(settings: dict, paths: Paths) -> dict:
     run, files = Run.parse(paths.run.folder.name), paths.run
     device = pick_device(settings["train"]["device"])
     bound_gpu_memory(device)
+    kernels = limit_attention_kernels()
     precision = resolve_precision(settings["train"]["precision"], device, decoding=True)
     model, ckpt = load(files.best, device, expect=run, settings=settings)
     src_codec, tgt_codec = load_codecs(paths.vocab)
@@ -160,6 +167,7 @@ def evaluate(settings: dict, paths: Paths) -> dict:
         write_json(files.evaluation, {
             "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
             "params": n_params, "device": str(device), "precision": precision,
+            "attention_kernels": kernels,
             "unknown_words": settings["evaluate"]["unknown_words"],
             "signature": signatures(), "testsets": timings})
         write_json(files.metrics, metrics)

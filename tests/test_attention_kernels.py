@@ -1,0 +1,47 @@
+"""NMT_ATTENTION_KERNELS (nmt.core.runtime.limit_attention_kernels): the attention kernels a
+process may use, the route around a kernel tools/gpu/preflight.py found wrong. The switches are
+torch.backends.cuda's, which exist and are read on a CPU build too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.core.errors import NmtError
+from nmt.core.runtime import ATTENTION_KERNELS_ENV, limit_attention_kernels
+
+SWITCHES = {"flash": torch.backends.cuda.flash_sdp_enabled,
+            "efficient": torch.backends.cuda.mem_efficient_sdp_enabled,
+            "cudnn": torch.backends.cuda.cudnn_sdp_enabled,
+            "math": torch.backends.cuda.math_sdp_enabled}
+
+
+@pytest.fixture(autouse=True)
+def restore_switches():
+    before = {name: enabled() for name, enabled in SWITCHES.items()}
+    yield
+    torch.backends.cuda.enable_flash_sdp(before["flash"])
+    torch.backends.cuda.enable_mem_efficient_sdp(before["efficient"])
+    torch.backends.cuda.enable_cudnn_sdp(before["cudnn"])
+    torch.backends.cuda.enable_math_sdp(before["math"])
+
+
+def test_unset_changes_no_switch(monkeypatch):
+    monkeypatch.delenv(ATTENTION_KERNELS_ENV, raising=False)
+    before = {name: enabled() for name, enabled in SWITCHES.items()}
+    assert limit_attention_kernels() == "any"
+    assert {name: enabled() for name, enabled in SWITCHES.items()} == before
+
+
+def test_only_the_named_kernels_stay_on(monkeypatch):
+    monkeypatch.setenv(ATTENTION_KERNELS_ENV, "efficient, math")
+    assert limit_attention_kernels() == "efficient,math"
+    assert {name: enabled() for name, enabled in SWITCHES.items()} == {
+        "flash": False, "efficient": True, "cudnn": False, "math": True}
+
+
+@pytest.mark.parametrize("value", ["efficient", "cudnn,fast,math"])
+def test_a_setting_without_math_or_with_an_unknown_name_is_one_line(monkeypatch, value):
+    monkeypatch.setenv(ATTENTION_KERNELS_ENV, value)
+    with pytest.raises(NmtError, match=f"{ATTENTION_KERNELS_ENV}=.*fix:"):
+        limit_attention_kernels()
