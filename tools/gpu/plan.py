@@ -94,7 +94,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, required=True, help="minutes left to train in")
     parser.add_argument("--check", type=Path, help="check_graphs.json of this machine")
-    parser.add_argument("--extra", nargs="*", default=[], help="more runs, e.g. published-scratch-s1")
+    parser.add_argument("--extra", nargs="*", default=[],
+                        help="more runs, e.g. published-scratch-s1")
     parser.add_argument("--targets", type=Path, help="write the Snakemake targets here")
     parser.add_argument("--data", type=Path, default=REPO / "data")
     args = parser.parse_args()
@@ -102,7 +103,8 @@ def main() -> int:
     pipeline_runs = runs(params)
     order = in_priority(pipeline_runs, [Run.parse(name) for name in args.extra])
     ms, source = ms_per_update(args.check)
-    updates = {recipe: updates_of(params, recipe, args.data) for recipe in {r.recipe for r in order}}
+    recipes = {run.recipe for run in order}
+    updates = {recipe: updates_of(params, recipe, args.data) for recipe in recipes}
     candidates = [Planned(run, updates[run.recipe],
                           updates[run.recipe] * ms / 1000 * (1 + VALIDATION_SHARE))
                   for run in order]
