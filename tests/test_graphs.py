@@ -139,3 +139,50 @@ def test_a_failed_capture_updates_eagerly_and_says_why(data, tmp_path, caplog):
     weights = eager.model.state_dict()
     for name, value in failing.model.state_dict().items():
         assert torch.equal(value, weights[name]), name
+
+
+def out_of_memory(*args, **kwargs):
+    """What a capture meets when the new shape's graph does not fit beside the others."""
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+
+def test_a_capture_out_of_memory_frees_the_graphs_and_updates_eagerly(data, tmp_path, caplog,
+                                                                       monkeypatch):
+    """The capture itself is what fails (the CPU cannot record a graph; recording raises out of
+    memory here): pinning is let through and the warm-up counted as done, so the first update
+    goes straight to the capture. The run goes on eagerly, as an eager run would, with the
+    graphs, their pool and the gradients recorded into it released."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: tensor)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", out_of_memory)
+    eager = trainer_for(data, "scratch", tmp_path / "eager", dropout=0.0)
+    failing = trainer_for(data, "scratch", tmp_path / "failing", dropout=0.0)
+    graphs = failing.graphs = GraphedUpdates(graph_body(failing), failing.optimizer,
+                                             failing.device)
+    graphs.warmup_left, graphs.pool = 0, object()  # as if earlier shapes had been captured
+    for src, tgt in batches(eager, 2):
+        update(eager, [(src, tgt, True)])
+        update_or_fall_back(failing, [(src, tgt, True)])
+    assert failing.graphs is None and failing.graphs_failed.startswith("OutOfMemoryError: CUDA")
+    assert graphs.graphs == {} and graphs.pool is None
+    warnings = [r.getMessage() for r in caplog.records if "CUDA graph" in r.getMessage()]
+    assert len(warnings) == 1 and "updating eagerly from here" in warnings[0]
+    weights = eager.model.state_dict()
+    for name, value in failing.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+
+
+@pytest.mark.parametrize("graphed", [True, False])
+def test_out_of_memory_outside_a_capture_is_raised(data, tmp_path, monkeypatch, graphed):
+    """Only a capture falls back: out of memory in an eager update, or in a graphed update that
+    captures nothing (here the warm-up), stops the run as before, graphs kept."""
+    trainer = trainer_for(data, "scratch", tmp_path)
+    if graphed:
+        trainer.graphs = GraphedUpdates(graph_body(trainer), trainer.optimizer, trainer.device)
+        monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: tensor)
+        monkeypatch.setattr(GraphedUpdates, "warm_up", out_of_memory)
+    else:
+        monkeypatch.setattr(trainer.optimizer, "step", out_of_memory)
+    (src, tgt), = batches(trainer, 1)
+    with pytest.raises(torch.OutOfMemoryError):
+        update_or_fall_back(trainer, [(src, tgt, True)])
+    assert (trainer.graphs is not None) == graphed and trainer.graphs_failed == ""

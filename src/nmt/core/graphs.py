@@ -20,6 +20,10 @@ What a graph needs, and how the update gives it:
   capture example does, so that lazily created state (Adam's moments, cuBLAS workspaces)
   exists before the first capture.
 Dropout draws new masks on every replay (the CUDA generator is graph-aware).
+
+A capture that fails (out of memory included: the new shape's graph did not fit beside the
+others) raises CaptureFailed; training then releases the graphs and their pool and updates
+eagerly (nmt.stages.train.update_or_fall_back).
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ import torch
 from nmt.core.loss import token_loss
 
 WARMUP = 3  # eager updates on a side stream before the first capture
+
+
+class CaptureFailed(RuntimeError):
+    """Recording a batch shape's graph failed; the failure (e.g. torch.OutOfMemoryError) is
+    its __cause__. Nothing ran: the update it was for has not been made."""
 
 
 def resolve_cuda_graphs(setting: bool | str, device: torch.device, *, compiled: bool,
@@ -123,7 +132,16 @@ class GraphedUpdates:
         return loss
 
     def capture(self, key: tuple) -> Captured:
-        """Record the update for batches of shape `key` (nothing runs yet: replay runs it)."""
+        """Record the update for batches of shape `key` (nothing runs yet: replay runs it);
+        CaptureFailed if recording fails."""
+        try:
+            return self.record(key)
+        except Exception as error:
+            raise CaptureFailed(f"capturing the update for batch shape {key} failed: "
+                                f"{type(error).__name__}") from error
+
+    def record(self, key: tuple) -> Captured:
+        """capture's work, its failures as they come."""
         src_shape, tgt_shape = key
         graph = torch.cuda.CUDAGraph()
         src = torch.zeros(src_shape, dtype=torch.long, device=self.device)
@@ -136,3 +154,13 @@ class GraphedUpdates:
             self.pool = graph.pool()
         self.graphs[key] = Captured(graph, src, tgt, total, loss)
         return self.graphs[key]
+
+    def release(self) -> None:
+        """Drop every graph and the memory pool they share (with the gradients a failed
+        capture left in it), and give the pool's memory back to the device (CUDA) for the
+        eager updates that follow."""
+        self.graphs, self.pool = {}, None
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()

@@ -260,11 +260,9 @@ def training_speed(models: dict, timed: list, repeats: int, device, cfg: ModelCo
     before = peak_flops(device)  # measured before and after the steps, the higher kept: on a
     try:                         # shared machine one calibration can catch a slow moment
         seconds, peak = time_steps(models, timed, repeats, device, graphs, precision)
-    except (torch.OutOfMemoryError, MemoryError):
-        raise
     except Exception as error:  # noqa: BLE001 - the eager steps raise any model error again
-        if not graphs:
-            raise
+        if not graphs or isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+            raise  # (a capture's own out of memory comes as CaptureFailed: it falls back)
         log.warning("a CUDA graph capture failed (%s): timing eager steps", error)
         graphs = False
         seconds, peak = time_steps(models, timed, repeats, device, graphs, precision)

@@ -39,7 +39,13 @@ from nmt.core.data import Batches, load_pairs
 from nmt.core.distributed import World
 from nmt.core.errors import FULL, DiskFull, NmtError, last_outputs
 from nmt.core.files import make_folder, write_json, write_text
-from nmt.core.graphs import GraphedUpdates, capturable_adam, resolve_cuda_graphs, update_body
+from nmt.core.graphs import (
+    CaptureFailed,
+    GraphedUpdates,
+    capturable_adam,
+    resolve_cuda_graphs,
+    update_body,
+)
 from nmt.core.loss import corpus_loss, token_loss
 from nmt.core.runs import Run, RunFiles
 from nmt.core.runtime import (
@@ -597,24 +603,36 @@ def update_or_fall_back(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.
     """update(), and where a compiled step fails (inductor, Triton, the C++ compiler), one line
     says why and this update and the rest of the run go eagerly: compiling changes the speed,
     not what is learnt, and train.json records the failure (compile_failed). A failure that is
-    the model's own fails eagerly too and is raised from there. Out of memory is raised as it
-    is; so is any failure under DDP, where the ranks would have to fall back together."""
+    the model's own fails eagerly too and is raised from there. Likewise where the CUDA graph
+    path fails (train.json: cuda_graphs_failed); a capture that runs out of memory releases
+    the graphs' memory to the eager updates (drop_graphs). Any other out of memory, in an
+    eager update or a graph's replay, is raised as it is; so is any failure under DDP, where
+    the ranks would have to fall back together."""
     try:
         return update(trainer, micro)
+    except CaptureFailed as error:  # out of memory included
+        drop_graphs(trainer, error)
     except (torch.OutOfMemoryError, MemoryError):
         raise
     except Exception as error:  # noqa: BLE001 - the eager retry raises any model error again
         if trainer.graphs is not None:
-            trainer.graphs_failed, trainer.graphs = root_cause(error), None
-            log.warning("a CUDA graph capture failed (%s): updating eagerly from here",
-                        trainer.graphs_failed)
+            drop_graphs(trainer, error)
         elif trainer.compiled and trainer.world.size == 1:
             trainer.compile_failed, trainer.step_model = root_cause(error), trainer.model
             log.warning("torch.compile failed (%s): training eagerly from here",
                         trainer.compile_failed)
         else:
             raise
-        return update(trainer, micro)
+    return update(trainer, micro)
+
+
+def drop_graphs(trainer: Trainer, error: Exception) -> None:
+    """Update eagerly from here on: release the graphs and their memory; one line says why."""
+    trainer.graphs_failed = root_cause(error)
+    trainer.graphs.release()
+    trainer.graphs = None
+    log.warning("a CUDA graph capture failed (%s): updating eagerly from here",
+                trainer.graphs_failed)
 
 
 def root_cause(error: BaseException) -> str:
