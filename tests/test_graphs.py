@@ -16,14 +16,26 @@ capture needs of the update, which the CPU can show.
 
 from __future__ import annotations
 
+import csv
+import json
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.core.codecs import PAD_ID
-from nmt.core.graphs import GraphedUpdates, resolve_cuda_graphs
+from nmt.core.graphs import GraphedUpdates, capturable_adam, resolve_cuda_graphs
 from nmt.core.runs import Run
-from nmt.stages.train import adam, graph_body, lr_factor, setup, update, update_or_fall_back
+from nmt.stages.train import (
+    HISTORY_FIELDS,
+    adam,
+    graph_body,
+    lr_factor,
+    setup,
+    train,
+    update,
+    update_or_fall_back,
+)
 from train_helpers import tiny_data, tiny_params, train_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -186,3 +198,37 @@ def test_out_of_memory_outside_a_capture_is_raised(data, tmp_path, monkeypatch, 
     with pytest.raises(torch.OutOfMemoryError):
         update_or_fall_back(trainer, [(src, tgt, True)])
     assert (trainer.graphs is not None) == graphed and trainer.graphs_failed == ""
+
+
+def numbers_in(value) -> list:
+    """Every leaf of a JSON value that is not a string, a boolean or null, however deep."""
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in numbers_in(item)]
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in numbers_in(item)]
+    return [] if isinstance(value, str | bool) or value is None else [value]
+
+
+def test_a_tensor_lr_is_written_as_a_number(data, tmp_path, monkeypatch):
+    """With CUDA graphs the lr is a device tensor (capturable Adam): history.csv and train.json
+    still hold plain numbers, never `tensor(0.0005, device='cuda:0')`."""
+    monkeypatch.setattr("nmt.stages.train.loop.adam", lambda model, config, device, graphs:
+                        capturable_adam(model.parameters(), config.lr, config.betas, config.eps,
+                                        device))
+    run = Run("published", "scratch", 0)
+    summary = train(tiny_params(epochs=2, warmup_steps=2),
+                    train_paths(data, tmp_path, run))
+    files = run.files(tmp_path)
+    with open(files.history) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(set(row) == set(HISTORY_FIELDS) for row in rows)
+    for row in rows:
+        for name, text in row.items():
+            assert float(text) == float(text), f"history.csv {name}: {text!r}"  # parses, no NaN
+    written = json.loads(files.summary.read_text())
+    assert written == summary
+    for key in ("params", "epochs", "best_valid_loss", "updates", "seconds_per_epoch",
+                "tokens_per_second", "train_pairs", "valid_bleu_greedy"):
+        assert type(written[key]) in (int, float), key
+    assert all(type(leaf) in (int, float) for leaf in numbers_in(written))
+    assert not [text for text in json.dumps(written).split('"') if "tensor(" in text]

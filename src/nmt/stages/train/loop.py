@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -728,7 +729,8 @@ def epoch_row(trainer: Trainer, progress: Progress, valid_loss: float) -> dict:
         [progress.loss_sum, progress.tokens], dtype=torch.float64, device=trainer.device)).tolist()
     train_loss = loss_sum / tokens
     row = {"epoch": progress.epoch, "train_loss": round(train_loss, 5),
-           "valid_loss": round(valid_loss, 5), "lr": trainer.scheduler.get_last_lr()[0],
+           "valid_loss": round(valid_loss, 5),
+           "lr": float(trainer.scheduler.get_last_lr()[0]),  # with CUDA graphs a device tensor
            "seconds": round(progress.seconds, 2),
            "tokens_per_second": round(tokens / progress.seconds)}
     log.info("epoch %d: train %.4f valid %.4f (%.1f s, %s tok/s)", progress.epoch, train_loss,
@@ -819,12 +821,12 @@ def write_outputs(trainer: Trainer, progress: Progress, averaged: float | None) 
     checkpoint.save(files.last, trainer.model, **meta, epoch=last["epoch"],
                     valid_loss=last["valid_loss"])
     trainer.model.load_state_dict(progress.best_state)
-    summary = summarize(trainer, progress, averaged)  # (its greedy BLEU: the best weights)
+    summary = plain(summarize(trainer, progress, averaged))  # (greedy BLEU: the best weights)
     mean_of = {"averaged": progress.best_averaged} if progress.best_averaged else {}
     with last_outputs():  # a SIGTERM from here on waits, then finds every output in place
         checkpoint.save(files.best, trainer.model, **meta, epoch=progress.best_epoch,
                         valid_loss=progress.best_loss, **mean_of)
-        write_history(files.history, progress.history)
+        write_history(files.history, plain(progress.history))
         write_json(files.summary, summary)
     log.info("wrote %s (best valid loss %.4f at epoch %s)", files.folder, progress.best_loss,
              progress.best_name)
@@ -899,6 +901,18 @@ def machine_report(trainer: Trainer) -> dict:
             sum(compilation_time_metrics.get("_compile.compile_inner", [])), 2)
         report["compiled_graphs"] = counters["stats"]["unique_graphs"]
     return report | peak_memory(trainer.device)
+
+
+def plain(value):
+    """value with each tensor or numpy number in it, however deep, a Python number: history.csv
+    and train.json hold numbers, never `tensor(0.0005, device='cuda:0')`."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    if isinstance(value, torch.Tensor | np.generic):
+        return value.item()
+    return value
 
 
 def write_history(path: Path, rows: list[dict]) -> None:
