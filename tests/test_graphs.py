@@ -24,7 +24,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.core.codecs import PAD_ID
-from nmt.core.graphs import GraphedUpdates, capturable_adam, resolve_cuda_graphs
+from nmt.core.graphs import (
+    GraphedUpdates,
+    capturable_adam,
+    resolve_cuda_graphs,
+    resolve_pad_multiple,
+)
 from nmt.core.runs import Run
 from nmt.stages.train import (
     HISTORY_FIELDS,
@@ -131,6 +136,31 @@ def test_cuda_graphs_run_only_where_they_can():
         assert resolve_cuda_graphs("auto", cuda, **(alone | other)) is False, other
 
 
+def test_pad_multiple_auto_pads_to_8_only_where_updates_are_graphed():
+    """223 batch shapes of the published recipe, one graph each, become 16 padded to 8."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    alone = {"compiled": False, "processes": 1, "accumulate": 1}
+    graphed = resolve_cuda_graphs("auto", cuda, **alone)
+    assert resolve_pad_multiple("auto", graphed) == 8
+    for eager in (resolve_cuda_graphs("auto", cpu, **alone),
+                  resolve_cuda_graphs(False, cuda, **alone),
+                  resolve_cuda_graphs("auto", cuda, **(alone | {"accumulate": 2}))):
+        assert resolve_pad_multiple("auto", eager) == 1
+    assert resolve_pad_multiple(4, graphed) == 4 and resolve_pad_multiple(3, False) == 3
+
+
+@pytest.mark.parametrize(("setting", "multiple"), [("auto", 1), (8, 8)])
+def test_training_batches_are_padded_to_the_resolved_multiple(data, tmp_path, setting,
+                                                               multiple):
+    trainer = setup(tiny_params(pad_multiple=setting),
+                    train_paths(data, tmp_path, Run("published", "scratch", 0)))
+    shapes = {tensor.shape[1] for idx, _ in trainer.plan(1)
+              for tensor in trainer.train_batches.batch(idx)}
+    assert trainer.train_batches.pad_multiple == trainer.valid_batches.pad_multiple == multiple
+    assert all(length % multiple == 0 for length in shapes)
+    assert multiple == 8 or any(length % 8 for length in shapes)  # auto on a CPU: unpadded
+
+
 def test_a_cpu_run_has_no_graphs_and_a_plain_lr(data, tmp_path):
     trainer = setup(tiny_params(), train_paths(data, tmp_path, Run("published", "scratch", 0)))
     assert trainer.config.cuda_graphs == "auto" and trainer.graphs is None
@@ -226,7 +256,7 @@ def test_a_tensor_lr_is_written_as_a_number(data, tmp_path, monkeypatch):
         for name, text in row.items():
             assert float(text) == float(text), f"history.csv {name}: {text!r}"  # parses, no NaN
     written = json.loads(files.summary.read_text())
-    assert written == summary
+    assert written == summary and written["pad_multiple"] == 1  # auto, resolved on a CPU
     for key in ("params", "epochs", "best_valid_loss", "updates", "seconds_per_epoch",
                 "tokens_per_second", "train_pairs", "valid_bleu_greedy"):
         assert type(written[key]) in (int, float), key

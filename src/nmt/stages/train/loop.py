@@ -45,6 +45,7 @@ from nmt.core.graphs import (
     GraphedUpdates,
     capturable_adam,
     resolve_cuda_graphs,
+    resolve_pad_multiple,
     update_body,
 )
 from nmt.core.loss import corpus_loss, token_loss
@@ -93,7 +94,9 @@ class TrainConfig:
     precision: str  # auto (bf16 where the device has it natively), bf16 (autocast), fp32
     compile: bool | str  # auto (off: it cost more than it saved), true, false: torch.compile
     cuda_graphs: bool | str  # auto (CUDA, eager, 1 process, accumulate 1), false: nmt.core.graphs
-    pad_multiple: int  # batch lengths padded up to a multiple of this (1: off)
+    # batch lengths padded up to a multiple of this (1: off); auto: 8 where updates replay as
+    # CUDA graphs, else 1 (nmt.core.graphs.resolve_pad_multiple)
+    pad_multiple: int | str
     accumulate: int  # micro-batches an optimizer update (gradient accumulation)
     devices: int  # processes one run trains on (DDP under torchrun)
     save_every_minutes: float  # 0: a resume state every epoch; else also every M minutes
@@ -319,21 +322,22 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (optimizer) on tensor cores
         torch.cuda.reset_peak_memory_stats(device)  # train.json's peak is this run's
 
+    compile_on = resolve_compile(config.compile, device)
+    graphs_on = resolve_cuda_graphs(config.cuda_graphs, device, compiled=compile_on,
+                                    processes=world.size, accumulate=config.accumulate)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     model_config = ModelConfig.from_dict(settings["model"])
-    train_batches, valid_batches = read_batches(paths, config, (src_codec, tgt_codec),
-                                                model_config.max_len, run.seed)
+    train_batches, valid_batches = read_batches(
+        paths, config, (src_codec, tgt_codec), model_config.max_len, run.seed,
+        pad_multiple=resolve_pad_multiple(config.pad_multiple, graphs_on))
     vocab_sizes = (len(src_codec), len(tgt_codec))
     model = build_model(run.model, model_config, *vocab_sizes).to(device)
     if world.rank:  # other dropout masks on other ranks
         torch.manual_seed(run.seed + 1_000_003 * world.rank)
     step_model = distributed.wrap(model, world, device)
     # Batch shapes vary with sentence length: compile once for dynamic shapes, not per length.
-    compile_on = resolve_compile(config.compile, device)
     if compile_on:
         step_model = compiled(step_model)
-    graphs_on = resolve_cuda_graphs(config.cuda_graphs, device, compiled=compile_on,
-                                    processes=world.size, accumulate=config.accumulate)
     optimizer = adam(model, config, device, graphs_on)
     checkpoint_meta = {
         "name": run.model, "recipe": run.recipe, "cfg": model_config,
@@ -396,16 +400,17 @@ def compiled(model: torch.nn.Module, backend: str = "inductor") -> torch.nn.Modu
     return torch.compile(model, dynamic=True, backend=backend)
 
 
-def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
-                 seed: int) -> tuple[Batches, Batches]:
+def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int, seed: int,
+                 pad_multiple: int) -> tuple[Batches, Batches]:
     """The train split's batches (reshuffled every epoch; bucketed by length with
-    train.bucket) and the validation split's (in file order, as validation always was)."""
+    train.bucket) and the validation split's (in file order, as validation always was), their
+    lengths padded to a multiple of `pad_multiple` (train.pad_multiple resolved)."""
     train_pairs, valid_pairs = (load_pairs(paths.tokenized, split, *codecs, max_len)
                                 for split in ("train", "val"))
     log.info("read %d train / %d valid pairs from %s, vocab %d/%d from %s", len(train_pairs),
              len(valid_pairs), paths.tokenized, len(codecs[0]), len(codecs[1]), paths.vocab)
     sizes = (config.batch_by, config.batch_size, config.max_tokens)
-    padding = {"pad_multiple": config.pad_multiple, "max_len": max_len}
+    padding = {"pad_multiple": pad_multiple, "max_len": max_len}
     return (Batches(train_pairs, *sizes, shuffle=True, seed=seed, bucket=config.bucket,
                     **padding),
             Batches(valid_pairs, *sizes, shuffle=False, **padding))
@@ -847,6 +852,7 @@ def summarize(trainer: Trainer, progress: Progress, averaged: float | None) -> d
                                / 60, 2),
         "tokens_per_second": round(sum(r["tokens_per_second"] for r in history) / len(history)),
         "train_pairs": len(trainer.train_batches.pairs),
+        "pad_multiple": trainer.train_batches.pad_multiple,  # train.pad_multiple resolved
         "valid_bleu_greedy": valid_bleu(trainer),
         **machine_report(trainer),
         "config": trainer.checkpoint_meta["params"],  # the settings the checkpoints record
