@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import REPO
 from nmt.core.codecs import PAD_ID
 from nmt.core.graphs import (
     GraphedUpdates,
@@ -41,7 +45,7 @@ from nmt.stages.train import (
     update,
     update_or_fall_back,
 )
-from train_helpers import tiny_data, tiny_params, train_paths
+from train_helpers import params_file, tiny_data, tiny_params, train_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MODELS = ("baseline", "scratch", "decoder_only")
@@ -262,3 +266,23 @@ def test_a_tensor_lr_is_written_as_a_number(data, tmp_path, monkeypatch):
         assert type(written[key]) in (int, float), key
     assert all(type(leaf) in (int, float) for leaf in numbers_in(written))
     assert not [text for text in json.dumps(written).split('"') if "tensor(" in text]
+
+
+def test_check_graphs_dry_runs_on_the_cpu(data, tmp_path):
+    """tools/gpu/check_graphs.py at tiny size: without CUDA every update is eager, and each
+    check, the dropout ones included (fresh masks, their mean, the kept share), runs and
+    passes on eager updates."""
+    params = params_file(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OUT": str(tmp_path / "out")}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools/gpu/check_graphs.py"), "--params", str(params),
+         "--data", str(data["tokenized"].parent), "--updates", "10"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "no CUDA: a dry run" in done.stdout
+    report = json.loads((tmp_path / "out" / "check_graphs.json").read_text())
+    checks = ("equivalence", "dropout_fresh_masks", "dropout_mean", "dropout_kept")
+    assert report["ok"] and all(report[check]["ok"] for check in checks)
+    assert report["dry_run"] and not report["dropout_graphed"] and report["dropout"] == 0.1
+    assert len(set(report["dropout_fresh_masks"]["losses_on"])) == 8
+    assert abs(report["dropout_kept"]["kept_share"] - 0.9) <= report["dropout_kept"]["tolerance"]
