@@ -7,9 +7,10 @@ GPU, from the carried data/:
 
 Equivalence, dropout off: two runs of one recipe and model from the same seed, one with eager
 updates (train.cuda_graphs false), one replayed as CUDA graphs, over the same first updates of
-epoch 1. Reports each one's loss on its first and last updates, the largest relative
-difference of any weight tensor, and the milliseconds an update over a second pass through the
-same batches (the first pass holds the warm-up and every capture).
+epoch 1, padded alike (the graphed run's train.pad_multiple). Reports each one's loss on its
+first and last updates, the largest relative difference of any weight tensor (and which), and
+the milliseconds an update over a second pass through the same batches (the first pass holds
+the warm-up and every capture).
 
 Dropout, on (the recipe's p): a graphed run whose lr is set to 0 (each group's device tensor
 filled in place, so Adam moves no weight) updates on one batch REPLAYS times:
@@ -59,9 +60,11 @@ KEPT_ERRORS = 5  # kept share vs 1 - p: within this many binomial standard error
 SCALE_TOLERANCE = 1e-2  # kept element vs input / (1 - p), relative (bf16 input: 2^-8)
 
 
-def trainer(settings: dict, args, graphs: bool, results: Path):
-    settings = {**settings, "train": {**settings["train"], "cuda_graphs": "auto" if graphs
-                                      else False}}
+def trainer(settings: dict, args, graphs: bool, results: Path, **train):
+    """A run of the recipe and model with updates graphed where they can be (`graphs`) or
+    eager, and `train` overriding its train: settings."""
+    settings = {**settings, "train": {**settings["train"], **train,
+                                      "cuda_graphs": "auto" if graphs else False}}
     paths = Paths(tokenized=args.data / "tokenized", vocab=args.data / "vocab" / args.recipe,
                   run=Run(args.recipe, args.model, 0).files(results))
     return setup(settings, paths)
@@ -88,12 +91,13 @@ def equivalence(runs: dict, updates: int) -> dict:
     """Eager and graphed runs, dropout off, over the same updates: weights and losses."""
     out = {name: train_updates(run, updates) for name, run in runs.items()}
     eager, graphed = (runs[n].model.state_dict() for n in ("eager", "graphs"))
-    weight_diff = max(float((graphed[k].float() - v.float()).norm() / v.float().norm().clamp(
-        min=1e-12)) for k, v in eager.items() if v.is_floating_point())
+    weight_diff, weight_name = max((float((graphed[k].float() - v.float()).norm() / v.float(
+        ).norm().clamp(min=1e-12)), k) for k, v in eager.items() if v.is_floating_point())
     last = [sum(out[n]["losses"][-10:]) for n in ("eager", "graphs")]
     loss_diff = abs(last[1] - last[0]) / abs(last[0])
     captured = out["graphs"]["cuda_graphs"] > 0 or runs["graphs"].device.type != "cuda"
     return {"largest_weight_difference": round(weight_diff, 6),
+            "largest_weight_difference_in": weight_name,
             "last_10_loss_difference": round(loss_diff, 6),
             **{f"{n}_{k}": v for n, r in out.items() for k, v in r.items() if k != "losses"},
             **{f"{n}_loss_first_last": [round(r["losses"][0], 4), round(r["losses"][-1], 4)]
@@ -235,8 +239,11 @@ def main() -> int:
         parser.error(f"recipe {args.recipe} has model.dropout 0: the dropout checks need it on")
     off = {**settings, "model": {**settings["model"], "dropout": 0.0}}  # mask for mask
     with tempfile.TemporaryDirectory() as results:
-        runs = {name: trainer(off, args, name == "graphs", Path(results) / name)
-                for name in ("eager", "graphs")}
+        graphed = trainer(off, args, True, Path(results) / "graphs")
+        # The eager run pads as the graphed one (train.pad_multiple auto differs): same batches.
+        runs = {"eager": trainer(off, args, False, Path(results) / "eager",
+                                 pad_multiple=graphed.train_batches.pad_multiple),
+                "graphs": graphed}
         checks = {"equivalence": equivalence(runs, args.updates)}
         dropout = dropout_checks(settings, args, runs["graphs"], Path(results))
     cuda = runs["graphs"].device.type == "cuda"
