@@ -2,9 +2,15 @@
 
 import json
 
-from conftest import edit_params
+import torch
+
+from conftest import REPO, edit_params
 from nmt.cli import main
+from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.runtime import native_bf16_cpu
+from nmt.pipeline.params import load_params
+from nmt.pipeline.recipes import resolve
+from nmt.stages.bench import SpeedPlan, bench_inputs, padding_share
 
 
 def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys):
@@ -43,8 +49,30 @@ def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys
     assert "scratch/baseline" in table and "beam sentences/s" in table
     assert "10 sentences decoded in fp32" in table
     assert f"random {result['padding']['random']:.1%}, bucketed" in table
+    # The timed batches: params' pad_multiple auto is 1 where steps run eagerly (no graphs).
+    assert result["pad_multiple"] == 1 and set(result["padding_share"]) == {"src", "tgt"}
+    assert all(0 < share < 1 for share in result["padding_share"].values())
+    assert (f"lengths a multiple of 1): source {result['padding_share']['src']:.1%}, target"
+            in table)
     assert f"of the measured matmul peak in {trained_in}" in table
 
+
+
+def test_timed_batches_are_padded_to_the_multiple_and_say_how_much(prepared):
+    """bench_inputs pads as nmt train would with the multiple resolved; padding_share counts
+    the pad slots of exactly those batches, which padding to 8 can only raise."""
+    settings = resolve(load_params(REPO / "params.yaml"), "published")
+    plan = SpeedPlan(recipe="published", steps=6, repeats=1, sentences=1)
+    codecs = load_codecs(prepared["word"])
+    shares = {}
+    for multiple in (1, 8):
+        timed, _, _ = bench_inputs(settings, prepared["tokenized"], plan, codecs,
+                                   torch.device("cpu"), multiple)
+        assert len(timed) == 6 and all(t.shape[1] % multiple == 0 for b in timed for t in b)
+        shares[multiple] = padding_share(timed)
+        pads = sum(int((src == PAD_ID).sum()) for src, _ in timed)
+        assert shares[multiple]["src"] == round(pads / sum(src.numel() for src, _ in timed), 4)
+    assert all(shares[8][side] > shares[1][side] for side in ("src", "tgt"))
 
 
 def test_train_flops_is_what_torch_counts_in_a_step():
@@ -52,7 +80,6 @@ def test_train_flops_is_what_torch_counts_in_a_step():
     (forward and backward) of the scratch model, exactly. The batch has no padding, so the
     formula's real tokens are every matrix product's rows; attention runs its math path
     (fused off), whose products the counter sees (it counts no fused attention kernel)."""
-    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     from nmt.core.loss import token_loss

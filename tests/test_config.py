@@ -66,6 +66,9 @@ def test_repository_params_are_valid():
         ({"model": {"dropout": 1.0}}, "model.dropout: 1.0 is greater than or equal to the max"),
         ({"model": {"num_encoder_layers": 0}}, "model.num_encoder_layers: 0 is less than the"),
         ({"train": {"schedule": "step"}}, "train.schedule: 'step' is not allowed"),
+        # pad_multiple: auto or a multiple from 1 to 64.
+        ({"train": {"pad_multiple": 0}}, "train.pad_multiple: 0 is less than the minimum of 1"),
+        ({"train": {"pad_multiple": "foo"}}, "train.pad_multiple: 'auto' was expected"),
         ({"recipes": {"published": {}, "x": {"step_of": "published"}}},
          "recipes.x: a search step needs both step_of (an existing recipe) and adds"),
         ({"recipes": {"published": {}, "x": {"step_of": "published", "adds": "a",
@@ -114,6 +117,12 @@ def test_an_update_budget_lets_average_last_exceed_the_unused_epochs(params_file
     edit_params(params_file, train={"epochs": 2, "max_updates": 0},
                 recipes={"published": {}, "budget": budget})
     assert resolve(load_params(params_file), "budget")["train"]["average_last"] == 3
+
+
+@pytest.mark.parametrize("multiple", ["auto", 1, 8, 64])
+def test_pad_multiple_is_auto_or_a_multiple(params_file, multiple):
+    edit_params(params_file, train={"pad_multiple": multiple})
+    assert load_params(params_file)["train"]["pad_multiple"] == multiple
 
 
 def test_recipe_overrides_merge_over_the_defaults(params_file):

@@ -16,15 +16,36 @@ capture needs of the update, which the CPU can show.
 
 from __future__ import annotations
 
+import csv
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import REPO
 from nmt.core.codecs import PAD_ID
-from nmt.core.graphs import GraphedUpdates, resolve_cuda_graphs
+from nmt.core.graphs import (
+    GraphedUpdates,
+    capturable_adam,
+    resolve_cuda_graphs,
+    resolve_pad_multiple,
+)
 from nmt.core.runs import Run
-from nmt.stages.train import adam, graph_body, lr_factor, setup, update, update_or_fall_back
-from train_helpers import tiny_data, tiny_params, train_paths
+from nmt.stages.train import (
+    HISTORY_FIELDS,
+    adam,
+    graph_body,
+    lr_factor,
+    setup,
+    train,
+    update,
+    update_or_fall_back,
+)
+from train_helpers import params_file, tiny_data, tiny_params, train_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MODELS = ("baseline", "scratch", "decoder_only")
@@ -119,6 +140,31 @@ def test_cuda_graphs_run_only_where_they_can():
         assert resolve_cuda_graphs("auto", cuda, **(alone | other)) is False, other
 
 
+def test_pad_multiple_auto_pads_to_8_only_where_updates_are_graphed():
+    """223 batch shapes of the published recipe, one graph each, become 16 padded to 8."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    alone = {"compiled": False, "processes": 1, "accumulate": 1}
+    graphed = resolve_cuda_graphs("auto", cuda, **alone)
+    assert resolve_pad_multiple("auto", graphed) == 8
+    for eager in (resolve_cuda_graphs("auto", cpu, **alone),
+                  resolve_cuda_graphs(False, cuda, **alone),
+                  resolve_cuda_graphs("auto", cuda, **(alone | {"accumulate": 2}))):
+        assert resolve_pad_multiple("auto", eager) == 1
+    assert resolve_pad_multiple(4, graphed) == 4 and resolve_pad_multiple(3, False) == 3
+
+
+@pytest.mark.parametrize(("setting", "multiple"), [("auto", 1), (8, 8)])
+def test_training_batches_are_padded_to_the_resolved_multiple(data, tmp_path, setting,
+                                                               multiple):
+    trainer = setup(tiny_params(pad_multiple=setting),
+                    train_paths(data, tmp_path, Run("published", "scratch", 0)))
+    shapes = {tensor.shape[1] for idx, _ in trainer.plan(1)
+              for tensor in trainer.train_batches.batch(idx)}
+    assert trainer.train_batches.pad_multiple == trainer.valid_batches.pad_multiple == multiple
+    assert all(length % multiple == 0 for length in shapes)
+    assert multiple == 8 or any(length % 8 for length in shapes)  # auto on a CPU: unpadded
+
+
 def test_a_cpu_run_has_no_graphs_and_a_plain_lr(data, tmp_path):
     trainer = setup(tiny_params(), train_paths(data, tmp_path, Run("published", "scratch", 0)))
     assert trainer.config.cuda_graphs == "auto" and trainer.graphs is None
@@ -139,3 +185,104 @@ def test_a_failed_capture_updates_eagerly_and_says_why(data, tmp_path, caplog):
     weights = eager.model.state_dict()
     for name, value in failing.model.state_dict().items():
         assert torch.equal(value, weights[name]), name
+
+
+def out_of_memory(*args, **kwargs):
+    """What a capture meets when the new shape's graph does not fit beside the others."""
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+
+def test_a_capture_out_of_memory_frees_the_graphs_and_updates_eagerly(data, tmp_path, caplog,
+                                                                       monkeypatch):
+    """The capture itself is what fails (the CPU cannot record a graph; recording raises out of
+    memory here): pinning is let through and the warm-up counted as done, so the first update
+    goes straight to the capture. The run goes on eagerly, as an eager run would, with the
+    graphs, their pool and the gradients recorded into it released."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: tensor)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", out_of_memory)
+    eager = trainer_for(data, "scratch", tmp_path / "eager", dropout=0.0)
+    failing = trainer_for(data, "scratch", tmp_path / "failing", dropout=0.0)
+    graphs = failing.graphs = GraphedUpdates(graph_body(failing), failing.optimizer,
+                                             failing.device)
+    graphs.warmup_left, graphs.pool = 0, object()  # as if earlier shapes had been captured
+    for src, tgt in batches(eager, 2):
+        update(eager, [(src, tgt, True)])
+        update_or_fall_back(failing, [(src, tgt, True)])
+    assert failing.graphs is None and failing.graphs_failed.startswith("OutOfMemoryError: CUDA")
+    assert graphs.graphs == {} and graphs.pool is None
+    warnings = [r.getMessage() for r in caplog.records if "CUDA graph" in r.getMessage()]
+    assert len(warnings) == 1 and "updating eagerly from here" in warnings[0]
+    weights = eager.model.state_dict()
+    for name, value in failing.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+
+
+@pytest.mark.parametrize("graphed", [True, False])
+def test_out_of_memory_outside_a_capture_is_raised(data, tmp_path, monkeypatch, graphed):
+    """Only a capture falls back: out of memory in an eager update, or in a graphed update that
+    captures nothing (here the warm-up), stops the run as before, graphs kept."""
+    trainer = trainer_for(data, "scratch", tmp_path)
+    if graphed:
+        trainer.graphs = GraphedUpdates(graph_body(trainer), trainer.optimizer, trainer.device)
+        monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: tensor)
+        monkeypatch.setattr(GraphedUpdates, "warm_up", out_of_memory)
+    else:
+        monkeypatch.setattr(trainer.optimizer, "step", out_of_memory)
+    (src, tgt), = batches(trainer, 1)
+    with pytest.raises(torch.OutOfMemoryError):
+        update_or_fall_back(trainer, [(src, tgt, True)])
+    assert (trainer.graphs is not None) == graphed and trainer.graphs_failed == ""
+
+
+def numbers_in(value) -> list:
+    """Every leaf of a JSON value that is not a string, a boolean or null, however deep."""
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in numbers_in(item)]
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in numbers_in(item)]
+    return [] if isinstance(value, str | bool) or value is None else [value]
+
+
+def test_a_tensor_lr_is_written_as_a_number(data, tmp_path, monkeypatch):
+    """With CUDA graphs the lr is a device tensor (capturable Adam): history.csv and train.json
+    still hold plain numbers, never `tensor(0.0005, device='cuda:0')`."""
+    monkeypatch.setattr("nmt.stages.train.loop.adam", lambda model, config, device, graphs:
+                        capturable_adam(model.parameters(), config.lr, config.betas, config.eps,
+                                        device))
+    run = Run("published", "scratch", 0)
+    summary = train(tiny_params(epochs=2, warmup_steps=2),
+                    train_paths(data, tmp_path, run))
+    files = run.files(tmp_path)
+    with open(files.history) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(set(row) == set(HISTORY_FIELDS) for row in rows)
+    for row in rows:
+        for name, text in row.items():
+            assert float(text) == float(text), f"history.csv {name}: {text!r}"  # parses, no NaN
+    written = json.loads(files.summary.read_text())
+    assert written == summary and written["pad_multiple"] == 1  # auto, resolved on a CPU
+    for key in ("params", "epochs", "best_valid_loss", "updates", "seconds_per_epoch",
+                "tokens_per_second", "train_pairs", "valid_bleu_greedy"):
+        assert type(written[key]) in (int, float), key
+    assert all(type(leaf) in (int, float) for leaf in numbers_in(written))
+    assert not [text for text in json.dumps(written).split('"') if "tensor(" in text]
+
+
+def test_check_graphs_dry_runs_on_the_cpu(data, tmp_path):
+    """tools/gpu/check_graphs.py at tiny size: without CUDA every update is eager, and each
+    check, the dropout ones included (fresh masks, their mean, the kept share), runs and
+    passes on eager updates."""
+    params = params_file(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OUT": str(tmp_path / "out")}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools/gpu/check_graphs.py"), "--params", str(params),
+         "--data", str(data["tokenized"].parent), "--updates", "10"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "no CUDA: a dry run" in done.stdout
+    report = json.loads((tmp_path / "out" / "check_graphs.json").read_text())
+    checks = ("equivalence", "dropout_fresh_masks", "dropout_mean", "dropout_kept")
+    assert report["ok"] and all(report[check]["ok"] for check in checks)
+    assert report["dry_run"] and not report["dropout_graphed"] and report["dropout"] == 0.1
+    assert len(set(report["dropout_fresh_masks"]["losses_on"])) == 8
+    assert abs(report["dropout_kept"]["kept_share"] - 0.9) <= report["dropout_kept"]["tolerance"]

@@ -20,6 +20,12 @@ What a graph needs, and how the update gives it:
   capture example does, so that lazily created state (Adam's moments, cuBLAS workspaces)
   exists before the first capture.
 Dropout draws new masks on every replay (the CUDA generator is graph-aware).
+
+A capture that fails (out of memory included: the new shape's graph did not fit beside the
+others) raises CaptureFailed; training then releases the graphs and their pool and updates
+eagerly (nmt.stages.train.update_or_fall_back). With graphs, batch lengths are padded to a
+multiple of GRAPH_PAD_MULTIPLE under train.pad_multiple `auto` (resolve_pad_multiple): the
+published recipe's batches come in 223 shapes over 3 epochs, 16 padded so, one graph each.
 """
 
 from __future__ import annotations
@@ -32,6 +38,12 @@ import torch
 from nmt.core.loss import token_loss
 
 WARMUP = 3  # eager updates on a side stream before the first capture
+GRAPH_PAD_MULTIPLE = 8  # train.pad_multiple `auto` where updates replay as graphs
+
+
+class CaptureFailed(RuntimeError):
+    """Recording a batch shape's graph failed; the failure (e.g. torch.OutOfMemoryError) is
+    its __cause__. Nothing ran: the update it was for has not been made."""
 
 
 def resolve_cuda_graphs(setting: bool | str, device: torch.device, *, compiled: bool,
@@ -41,6 +53,15 @@ def resolve_cuda_graphs(setting: bool | str, device: torch.device, *, compiled: 
     and one micro-batch an update; false never."""
     return (setting == "auto" and torch.device(device).type == "cuda" and not compiled
             and processes == 1 and accumulate == 1)
+
+
+def resolve_pad_multiple(setting: int | str, graphs: bool) -> int:
+    """train.pad_multiple: `auto` pads batch lengths to a multiple of GRAPH_PAD_MULTIPLE where
+    updates replay as CUDA graphs (`graphs`: resolve_cuda_graphs), so that fewer shapes are
+    captured, and not at all (1) elsewhere; an integer is that multiple."""
+    if setting == "auto":
+        return GRAPH_PAD_MULTIPLE if graphs else 1
+    return int(setting)
 
 
 def capturable_adam(params, lr: float, betas: tuple[float, float], eps: float,
@@ -123,7 +144,16 @@ class GraphedUpdates:
         return loss
 
     def capture(self, key: tuple) -> Captured:
-        """Record the update for batches of shape `key` (nothing runs yet: replay runs it)."""
+        """Record the update for batches of shape `key` (nothing runs yet: replay runs it);
+        CaptureFailed if recording fails."""
+        try:
+            return self.record(key)
+        except Exception as error:
+            raise CaptureFailed(f"capturing the update for batch shape {key} failed: "
+                                f"{type(error).__name__}") from error
+
+    def record(self, key: tuple) -> Captured:
+        """capture's work, its failures as they come."""
         src_shape, tgt_shape = key
         graph = torch.cuda.CUDAGraph()
         src = torch.zeros(src_shape, dtype=torch.long, device=self.device)
@@ -136,3 +166,13 @@ class GraphedUpdates:
             self.pool = graph.pool()
         self.graphs[key] = Captured(graph, src, tgt, total, loss)
         return self.graphs[key]
+
+    def release(self) -> None:
+        """Drop every graph and the memory pool they share (with the gradients a failed
+        capture left in it), and give the pool's memory back to the device (CUDA) for the
+        eager updates that follow."""
+        self.graphs, self.pool = {}, None
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()

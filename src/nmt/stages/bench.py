@@ -6,7 +6,9 @@ Decoding: the same test sentences, greedy and beam search, in sentences per seco
 figure is the median of several repeats that alternate between the models, after an untimed
 warm-up pass. Ratios are scratch / baseline: > 1 means the scratch model is faster. Training
 steps and decoding run in the recipe's train.precision as nmt train and evaluate resolve it
-(decoding on a CPU: fp32 under `auto`).
+(decoding on a CPU: fp32 under `auto`), and the steps on batches padded to train.pad_multiple
+as nmt train resolves it (`auto`: 8 where the steps replay as CUDA graphs); bench.json
+reports the multiple and the share of the timed batches' token slots that is padding.
 Model FLOPs utilisation (MFU) is the steps' model FLOPs a second over a peak: on CUDA the GPU's
 dense bf16 peak from its data sheet; on the CPU the machine's own, measured by a short
 calibration (the fastest of a few large matrix products, in fp32 and in bf16). On CUDA it also
@@ -29,7 +31,13 @@ from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.data import Batches, load_pairs, padding_fraction
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.files import write_json
-from nmt.core.graphs import GraphedUpdates, capturable_adam, update_body
+from nmt.core.graphs import (
+    GraphedUpdates,
+    capturable_adam,
+    resolve_cuda_graphs,
+    resolve_pad_multiple,
+    update_body,
+)
 from nmt.core.loss import token_loss
 from nmt.core.runtime import (
     autocast,
@@ -187,15 +195,20 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
     bound_gpu_memory(device)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     cfg = ModelConfig.from_dict(settings["model"])
+    # One process, one batch a step, eager: CUDA graphs wherever train.cuda_graphs allows them.
+    graphs = resolve_cuda_graphs(settings["train"]["cuda_graphs"], device, compiled=False,
+                                 processes=1, accumulate=1)
+    pad_multiple = resolve_pad_multiple(settings["train"]["pad_multiple"], graphs)
     timed, test, padding = bench_inputs(settings, paths.tokenized, plan, (src_codec, tgt_codec),
-                                      device)
+                                        device, pad_multiple)
     testset = settings["evaluate"]["testsets"][0]
     log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
              device, len(timed), len(test), plan.repeats)
     models = twin_models(cfg, len(src_codec), len(tgt_codec), device)
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "recipe": plan.recipe, "testset": testset, "steps": len(timed),
-           "sentences": len(test), "padding": padding}
+           "sentences": len(test), "padding": padding, "pad_multiple": pad_multiple,
+           "padding_share": padding_share(timed)}
     precision = resolve_precision(settings["train"]["precision"], device)
     decoding = resolve_precision(settings["train"]["precision"], device, decoding=True)
     out["decode_precision"] = decoding
@@ -206,7 +219,7 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
         seconds, _ = interleaved(runs, plan.repeats, device)
         out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
     out |= training_speed(models, timed, plan.repeats, device, cfg, len(tgt_codec),
-                          precision)
+                          precision, graphs)
     for key in ("train", "greedy", "beam"):
         out[key]["ratio"] = round(out[key]["scratch"] / out[key]["baseline"], 3)
     print_speeds(out)
@@ -215,13 +228,15 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
     return out
 
 
-def bench_inputs(settings: dict, tokenized: Path, plan: SpeedPlan, codecs: tuple, device):
-    """(the timed training batches on device, the test sentences to decode, the padding of the
-    recipe's training batches: padding_shares)."""
+def bench_inputs(settings: dict, tokenized: Path, plan: SpeedPlan, codecs: tuple, device,
+                 pad_multiple: int):
+    """(the timed training batches on device, padded to a multiple of `pad_multiple`, the test
+    sentences to decode, the padding of the recipe's training batches: padding_shares)."""
     train, max_len = settings["train"], settings["model"]["max_len"]
     train_pairs = load_pairs(tokenized, "train", *codecs, max_len)
     batches = Batches(train_pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
-                      shuffle=True, seed=0, bucket=train["bucket"])
+                      shuffle=True, seed=0, bucket=train["bucket"], pad_multiple=pad_multiple,
+                      max_len=max_len)
     timed = [(src.to(device), tgt.to(device)) for src, tgt in islice(batches, plan.steps)]
     testset = settings["evaluate"]["testsets"][0]  # the attention example and samples use it
     test = load_pairs(tokenized, testset, *codecs, max_len)[: plan.sentences]
@@ -240,6 +255,16 @@ def padding_shares(pairs: list, train: dict) -> dict:
         for kind, bucket in (("random", False), ("bucketed", True))}
 
 
+def padding_share(batches: list) -> dict:
+    """The share of the source and of the target token slots of these (src, tgt) batches that
+    hold padding: what the steps compute and throw away (bucketing and pad_multiple's cost)."""
+    shares = {}
+    for side, tensors in zip(("src", "tgt"), zip(*batches, strict=True), strict=True):
+        pads = sum(int((tensor == PAD_ID).sum()) for tensor in tensors)
+        shares[side] = round(pads / sum(tensor.numel() for tensor in tensors), 4)
+    return shares
+
+
 def twin_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, device) -> dict:
     """baseline and scratch holding one set of weights: the same function, so the same decoded
     lengths and the same training trajectory, and the timings compare equal work."""
@@ -251,20 +276,17 @@ def twin_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, devi
 
 
 def training_speed(models: dict, timed: list, repeats: int, device, cfg: ModelConfig,
-                   tgt_vocab_size: int, precision: str) -> dict:
+                   tgt_vocab_size: int, precision: str, graphs: bool) -> dict:
     """Training tokens/s, peak memory (CUDA) and MFU of each model on the timed batches in
-    `precision` (bf16 or fp32): on CUDA with its updates replayed as CUDA graphs, as nmt train
+    `precision` (bf16 or fp32): with `graphs` its updates replayed as CUDA graphs, as nmt train
     runs them (eagerly, with a warning, if a capture fails; `cuda_graphs` says which was
     timed). MFU is of the peak of the precision trained in (peak_flops; none without one)."""
-    graphs = device.type == "cuda"
     before = peak_flops(device)  # measured before and after the steps, the higher kept: on a
     try:                         # shared machine one calibration can catch a slow moment
         seconds, peak = time_steps(models, timed, repeats, device, graphs, precision)
-    except (torch.OutOfMemoryError, MemoryError):
-        raise
     except Exception as error:  # noqa: BLE001 - the eager steps raise any model error again
-        if not graphs:
-            raise
+        if not graphs or isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+            raise  # (a capture's own out of memory comes as CaptureFailed: it falls back)
         log.warning("a CUDA graph capture failed (%s): timing eager steps", error)
         graphs = False
         seconds, peak = time_steps(models, timed, repeats, device, graphs, precision)
@@ -301,6 +323,8 @@ def print_speeds(out: dict) -> None:
         print(f"{label:26}{v['baseline']:>12,.1f}{v['scratch']:>12,.1f}{v['ratio']:>18.2f}")
     print("padding (an epoch's batches): " + ", ".join(
         f"{kind} {share:.1%}" for kind, share in out["padding"].items()))
+    print(f"padding (the timed batches, lengths a multiple of {out['pad_multiple']}): "
+          f"source {out['padding_share']['src']:.1%}, target {out['padding_share']['tgt']:.1%}")
     gflops = out["train_gflops"]
     print(f"{'train GFLOP/s (' + out['precision'] + ')':26}{gflops['baseline']:>12,.1f}"
           f"{gflops['scratch']:>12,.1f}")

@@ -503,6 +503,10 @@ def bench_lines(inp: Inputs) -> list[str]:
         lines += ["Padding, the padded share of the source and target positions of an epoch's "
                   "training batches: " + ", ".join(
                       f"{kind} {share:.1%}" for kind, share in bench["padding"].items()) + ".", ""]
+    if bench.get("padding_share"):  # what the timed steps computed on padding
+        lines += [f"The timed batches (lengths a multiple of {bench['pad_multiple']}) are "
+                  f"{bench['padding_share']['src']:.1%} padding in the source, "
+                  f"{bench['padding_share']['tgt']:.1%} in the target.", ""]
     if bench.get("mfu"):
         precision = bench.get("precision", "bf16")
         peak = bench.get("peak_gflops", {}).get(precision)

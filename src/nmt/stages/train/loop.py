@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -39,7 +40,14 @@ from nmt.core.data import Batches, load_pairs
 from nmt.core.distributed import World
 from nmt.core.errors import FULL, DiskFull, NmtError, last_outputs
 from nmt.core.files import make_folder, write_json, write_text
-from nmt.core.graphs import GraphedUpdates, capturable_adam, resolve_cuda_graphs, update_body
+from nmt.core.graphs import (
+    CaptureFailed,
+    GraphedUpdates,
+    capturable_adam,
+    resolve_cuda_graphs,
+    resolve_pad_multiple,
+    update_body,
+)
 from nmt.core.loss import corpus_loss, token_loss
 from nmt.core.runs import Run, RunFiles
 from nmt.core.runtime import (
@@ -86,7 +94,9 @@ class TrainConfig:
     precision: str  # auto (bf16 where the device has it natively), bf16 (autocast), fp32
     compile: bool | str  # auto (off: it cost more than it saved), true, false: torch.compile
     cuda_graphs: bool | str  # auto (CUDA, eager, 1 process, accumulate 1), false: nmt.core.graphs
-    pad_multiple: int  # batch lengths padded up to a multiple of this (1: off)
+    # batch lengths padded up to a multiple of this (1: off); auto: 8 where updates replay as
+    # CUDA graphs, else 1 (nmt.core.graphs.resolve_pad_multiple)
+    pad_multiple: int | str
     accumulate: int  # micro-batches an optimizer update (gradient accumulation)
     devices: int  # processes one run trains on (DDP under torchrun)
     save_every_minutes: float  # 0: a resume state every epoch; else also every M minutes
@@ -312,21 +322,22 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (optimizer) on tensor cores
         torch.cuda.reset_peak_memory_stats(device)  # train.json's peak is this run's
 
+    compile_on = resolve_compile(config.compile, device)
+    graphs_on = resolve_cuda_graphs(config.cuda_graphs, device, compiled=compile_on,
+                                    processes=world.size, accumulate=config.accumulate)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     model_config = ModelConfig.from_dict(settings["model"])
-    train_batches, valid_batches = read_batches(paths, config, (src_codec, tgt_codec),
-                                                model_config.max_len, run.seed)
+    train_batches, valid_batches = read_batches(
+        paths, config, (src_codec, tgt_codec), model_config.max_len, run.seed,
+        pad_multiple=resolve_pad_multiple(config.pad_multiple, graphs_on))
     vocab_sizes = (len(src_codec), len(tgt_codec))
     model = build_model(run.model, model_config, *vocab_sizes).to(device)
     if world.rank:  # other dropout masks on other ranks
         torch.manual_seed(run.seed + 1_000_003 * world.rank)
     step_model = distributed.wrap(model, world, device)
     # Batch shapes vary with sentence length: compile once for dynamic shapes, not per length.
-    compile_on = resolve_compile(config.compile, device)
     if compile_on:
         step_model = compiled(step_model)
-    graphs_on = resolve_cuda_graphs(config.cuda_graphs, device, compiled=compile_on,
-                                    processes=world.size, accumulate=config.accumulate)
     optimizer = adam(model, config, device, graphs_on)
     checkpoint_meta = {
         "name": run.model, "recipe": run.recipe, "cfg": model_config,
@@ -389,16 +400,17 @@ def compiled(model: torch.nn.Module, backend: str = "inductor") -> torch.nn.Modu
     return torch.compile(model, dynamic=True, backend=backend)
 
 
-def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
-                 seed: int) -> tuple[Batches, Batches]:
+def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int, seed: int,
+                 pad_multiple: int) -> tuple[Batches, Batches]:
     """The train split's batches (reshuffled every epoch; bucketed by length with
-    train.bucket) and the validation split's (in file order, as validation always was)."""
+    train.bucket) and the validation split's (in file order, as validation always was), their
+    lengths padded to a multiple of `pad_multiple` (train.pad_multiple resolved)."""
     train_pairs, valid_pairs = (load_pairs(paths.tokenized, split, *codecs, max_len)
                                 for split in ("train", "val"))
     log.info("read %d train / %d valid pairs from %s, vocab %d/%d from %s", len(train_pairs),
              len(valid_pairs), paths.tokenized, len(codecs[0]), len(codecs[1]), paths.vocab)
     sizes = (config.batch_by, config.batch_size, config.max_tokens)
-    padding = {"pad_multiple": config.pad_multiple, "max_len": max_len}
+    padding = {"pad_multiple": pad_multiple, "max_len": max_len}
     return (Batches(train_pairs, *sizes, shuffle=True, seed=seed, bucket=config.bucket,
                     **padding),
             Batches(valid_pairs, *sizes, shuffle=False, **padding))
@@ -597,24 +609,36 @@ def update_or_fall_back(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.
     """update(), and where a compiled step fails (inductor, Triton, the C++ compiler), one line
     says why and this update and the rest of the run go eagerly: compiling changes the speed,
     not what is learnt, and train.json records the failure (compile_failed). A failure that is
-    the model's own fails eagerly too and is raised from there. Out of memory is raised as it
-    is; so is any failure under DDP, where the ranks would have to fall back together."""
+    the model's own fails eagerly too and is raised from there. Likewise where the CUDA graph
+    path fails (train.json: cuda_graphs_failed); a capture that runs out of memory releases
+    the graphs' memory to the eager updates (drop_graphs). Any other out of memory, in an
+    eager update or a graph's replay, is raised as it is; so is any failure under DDP, where
+    the ranks would have to fall back together."""
     try:
         return update(trainer, micro)
+    except CaptureFailed as error:  # out of memory included
+        drop_graphs(trainer, error)
     except (torch.OutOfMemoryError, MemoryError):
         raise
     except Exception as error:  # noqa: BLE001 - the eager retry raises any model error again
         if trainer.graphs is not None:
-            trainer.graphs_failed, trainer.graphs = root_cause(error), None
-            log.warning("a CUDA graph capture failed (%s): updating eagerly from here",
-                        trainer.graphs_failed)
+            drop_graphs(trainer, error)
         elif trainer.compiled and trainer.world.size == 1:
             trainer.compile_failed, trainer.step_model = root_cause(error), trainer.model
             log.warning("torch.compile failed (%s): training eagerly from here",
                         trainer.compile_failed)
         else:
             raise
-        return update(trainer, micro)
+    return update(trainer, micro)
+
+
+def drop_graphs(trainer: Trainer, error: Exception) -> None:
+    """Update eagerly from here on: release the graphs and their memory; one line says why."""
+    trainer.graphs_failed = root_cause(error)
+    trainer.graphs.release()
+    trainer.graphs = None
+    log.warning("a CUDA graph capture failed (%s): updating eagerly from here",
+                trainer.graphs_failed)
 
 
 def root_cause(error: BaseException) -> str:
@@ -710,7 +734,8 @@ def epoch_row(trainer: Trainer, progress: Progress, valid_loss: float) -> dict:
         [progress.loss_sum, progress.tokens], dtype=torch.float64, device=trainer.device)).tolist()
     train_loss = loss_sum / tokens
     row = {"epoch": progress.epoch, "train_loss": round(train_loss, 5),
-           "valid_loss": round(valid_loss, 5), "lr": trainer.scheduler.get_last_lr()[0],
+           "valid_loss": round(valid_loss, 5),
+           "lr": float(trainer.scheduler.get_last_lr()[0]),  # with CUDA graphs a device tensor
            "seconds": round(progress.seconds, 2),
            "tokens_per_second": round(tokens / progress.seconds)}
     log.info("epoch %d: train %.4f valid %.4f (%.1f s, %s tok/s)", progress.epoch, train_loss,
@@ -801,12 +826,12 @@ def write_outputs(trainer: Trainer, progress: Progress, averaged: float | None) 
     checkpoint.save(files.last, trainer.model, **meta, epoch=last["epoch"],
                     valid_loss=last["valid_loss"])
     trainer.model.load_state_dict(progress.best_state)
-    summary = summarize(trainer, progress, averaged)  # (its greedy BLEU: the best weights)
+    summary = plain(summarize(trainer, progress, averaged))  # (greedy BLEU: the best weights)
     mean_of = {"averaged": progress.best_averaged} if progress.best_averaged else {}
     with last_outputs():  # a SIGTERM from here on waits, then finds every output in place
         checkpoint.save(files.best, trainer.model, **meta, epoch=progress.best_epoch,
                         valid_loss=progress.best_loss, **mean_of)
-        write_history(files.history, progress.history)
+        write_history(files.history, plain(progress.history))
         write_json(files.summary, summary)
     log.info("wrote %s (best valid loss %.4f at epoch %s)", files.folder, progress.best_loss,
              progress.best_name)
@@ -827,6 +852,7 @@ def summarize(trainer: Trainer, progress: Progress, averaged: float | None) -> d
                                / 60, 2),
         "tokens_per_second": round(sum(r["tokens_per_second"] for r in history) / len(history)),
         "train_pairs": len(trainer.train_batches.pairs),
+        "pad_multiple": trainer.train_batches.pad_multiple,  # train.pad_multiple resolved
         "valid_bleu_greedy": valid_bleu(trainer),
         **machine_report(trainer),
         "config": trainer.checkpoint_meta["params"],  # the settings the checkpoints record
@@ -881,6 +907,18 @@ def machine_report(trainer: Trainer) -> dict:
             sum(compilation_time_metrics.get("_compile.compile_inner", [])), 2)
         report["compiled_graphs"] = counters["stats"]["unique_graphs"]
     return report | peak_memory(trainer.device)
+
+
+def plain(value):
+    """value with each tensor or numpy number in it, however deep, a Python number: history.csv
+    and train.json hold numbers, never `tensor(0.0005, device='cuda:0')`."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    if isinstance(value, torch.Tensor | np.generic):
+        return value.item()
+    return value
 
 
 def write_history(path: Path, rows: list[dict]) -> None:
