@@ -45,3 +45,15 @@ def test_a_setting_without_math_or_with_an_unknown_name_is_one_line(monkeypatch,
     monkeypatch.setenv(ATTENTION_KERNELS_ENV, value)
     with pytest.raises(NmtError, match=f"{ATTENTION_KERNELS_ENV}=.*fix:"):
         limit_attention_kernels()
+
+
+def test_a_run_records_the_kernels_it_was_allowed(prepared, tmp_path, monkeypatch):
+    from nmt.core.runs import Run
+    from nmt.stages.train import train
+    from train_helpers import tiny_data, tiny_params, train_paths
+
+    data = tiny_data(prepared, tmp_path / "data", train=64, val=32)
+    monkeypatch.setenv(ATTENTION_KERNELS_ENV, "efficient,math")
+    summary = train(tiny_params(epochs=1),
+                    train_paths(data, tmp_path / "results", Run("published", "scratch", 0)))
+    assert summary["attention_kernels"] == "efficient,math"

@@ -42,6 +42,7 @@ from nmt.core.loss import token_loss
 from nmt.core.runtime import (
     autocast,
     bound_gpu_memory,
+    limit_attention_kernels,
     pick_device,
     resolve_precision,
     seed_everything,
@@ -193,6 +194,7 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
     and data; prints a table, writes paths.json. settings: the resolved bench recipe."""
     device = pick_device(plan.device)
     bound_gpu_memory(device)
+    kernels = limit_attention_kernels()
     src_codec, tgt_codec = load_codecs(paths.vocab)
     cfg = ModelConfig.from_dict(settings["model"])
     # One process, one batch a step, eager: CUDA graphs wherever train.cuda_graphs allows them.
@@ -208,7 +210,7 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "recipe": plan.recipe, "testset": testset, "steps": len(timed),
            "sentences": len(test), "padding": padding, "pad_multiple": pad_multiple,
-           "padding_share": padding_share(timed)}
+           "padding_share": padding_share(timed), "attention_kernels": kernels}
     precision = resolve_precision(settings["train"]["precision"], device)
     decoding = resolve_precision(settings["train"]["precision"], device, decoding=True)
     out["decode_precision"] = decoding

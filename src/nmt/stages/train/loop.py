@@ -55,6 +55,7 @@ from nmt.core.runtime import (
     bound_gpu_memory,
     cpu_features,
     device_name,
+    limit_attention_kernels,
     peak_memory,
     resolve_compile,
     resolve_precision,
@@ -170,6 +171,7 @@ class Trainer:
     compile_failed: str = ""  # why compiling failed, when this run fell back to eager
     graphs: GraphedUpdates | None = None  # updates replayed as CUDA graphs (train.cuda_graphs)
     graphs_failed: str = ""  # why a capture failed, when this run fell back to eager updates
+    attention_kernels: str = "any"  # the kernels NMT_ATTENTION_KERNELS allows (runtime)
 
     @property
     def compiled(self) -> bool:
@@ -315,6 +317,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     config, run = TrainConfig.from_dict(settings["train"]), Run.parse(paths.run.folder.name)
     world, device = distributed.join(config.device, config.devices)
     bound_gpu_memory(device)  # several runs on one GPU (nmt --gpu-mem-mb)
+    attention_kernels = limit_attention_kernels()  # around a kernel preflight found wrong
     if not world.main:  # one process reports progress
         logging.getLogger("nmt").setLevel(logging.WARNING)
     seed_everything(run.seed)  # the same initial weights on every rank
@@ -351,7 +354,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         step_model=step_model, optimizer=optimizer, scheduler=None,
         train_batches=train_batches, valid_batches=valid_batches,
         valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
-        tgt_codec=tgt_codec,
+        tgt_codec=tgt_codec, attention_kernels=attention_kernels,
         checkpoint_meta=checkpoint_meta,
         resume_key=resume.config_key(settings, run.name, run.seed, paths.vocab, world.size))
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(  # over the run's total updates
@@ -891,7 +894,7 @@ def machine_report(trainer: Trainer) -> dict:
     own) and the graphs compiled (1 when dynamic shapes cover every batch, more on a
     recompile or a graph break). Epoch 1's seconds include the compile time."""
     report = {"device_name": device_name(trainer.device), "precision": trainer.precision,
-              "compile": trainer.compiled}
+              "compile": trainer.compiled, "attention_kernels": trainer.attention_kernels}
     if trainer.device.type == "cpu":
         report |= cpu_features()
     if trainer.compile_failed:
