@@ -8,11 +8,15 @@ epochs, or train.max_updates); a run's seconds are its updates times the millise
 that tools/gpu/check_graphs.py measured on this machine (graphed when a graph was captured and
 the graph check passed, else eager), plus a share for validation. Trainings that share one GPU
 take turns on it, so their seconds add up. Runs are taken in priority order: the published
-recipe's baseline and scratch first (the comparison this project exists for), then every other
-run of params.yaml's pipeline (recipe by recipe), then the --extra runs (a second seed, say);
-a run that does not fit is left out and the next is tried. Prints the plan as a table and one
-line saying whether the whole pipeline fits; --targets writes the Snakemake targets, one a
-line (each planned run's evaluation, and the report when every run of the pipeline is in).
+recipe's baseline and scratch first (the comparison this project exists for), then the rest of
+that recipe's runs, then the --extra runs (a second seed, say), then the other recipes' runs of
+params.yaml's pipeline; a run that does not fit is left out and the next is tried. Prints the
+plan as a table and one line saying whether the whole pipeline fits; --targets writes the
+Snakemake targets, one a line (each planned run's evaluation, the bench, and the report when
+every run of the pipeline is in). When only some recipes' runs are all in, --narrowed writes
+params.yaml with pipeline.recipes cut to those recipes (the report of what was trained: `nmt
+--params FILE report`), and --stages the DVC stages of the planned runs (what `dvc commit` can
+record).
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 from nmt.core.codecs import load_codecs  # noqa: E402
 from nmt.core.data import Batches, load_pairs  # noqa: E402
 from nmt.core.runs import Run, runs  # noqa: E402
-from nmt.pipeline.params import load_params  # noqa: E402
+from nmt.pipeline.params import load_params, read_yaml  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
 
 FIRST = (Run("published", "baseline"), Run("published", "scratch"))  # the comparison itself
@@ -61,21 +67,26 @@ def updates_of(params: dict, recipe: str, data: Path) -> int:
     return train["epochs"] * math.ceil(len(batches.indices(0)) / train["accumulate"])
 
 
-def ms_per_update(check: Path | None) -> tuple[float, str]:
+def ms_per_update(check: Path | None, given: float = 0.0) -> tuple[float, str]:
     """The milliseconds an update, and where the figure comes from."""
+    if given:
+        return given, "given (--ms)"
     if check is None or not check.exists():
         return UNMEASURED_MS, "not measured (an eager H100 update)"
     report = json.loads(check.read_text())
-    if report.get("graphs_cuda_graphs", 0) > 0 and report.get("ok"):
-        return report["graphs_ms_per_update"], "measured, CUDA graphs"
-    return report["eager_ms_per_update"], "measured, eager (no graph passed the check)"
+    timed = report["equivalence"]  # eager and graphed updates over the same batches
+    if timed["graphs_cuda_graphs"] > 0 and report["ok"]:
+        return timed["graphs_ms_per_update"], "measured, CUDA graphs"
+    return timed["eager_ms_per_update"], "measured, eager (no graph passed the check)"
 
 
 def in_priority(pipeline_runs: list[Run], extra: list[Run]) -> list[Run]:
-    """FIRST, then the pipeline's runs recipe by recipe (as params.yaml lists them), then extra."""
+    """FIRST, the rest of its recipe's runs, extra (asked for by name: a second seed of the
+    comparison, say), then the other recipes' runs as params.yaml lists them."""
     ordered = [run for run in FIRST if run in pipeline_runs]
-    ordered += [run for run in pipeline_runs if run not in ordered]
-    return ordered + [run for run in extra if run not in ordered]
+    ordered += [run for run in pipeline_runs if run.recipe == FIRST[0].recipe]
+    ordered += extra + pipeline_runs
+    return list(dict.fromkeys(ordered))  # each once, in that order
 
 
 def plan(candidates: list[Planned], seconds: float) -> list[Planned]:
@@ -96,13 +107,18 @@ def main() -> int:
     parser.add_argument("--check", type=Path, help="check_graphs.json of this machine")
     parser.add_argument("--extra", nargs="*", default=[],
                         help="more runs, e.g. published-scratch-s1")
+    parser.add_argument("--ms", type=float, default=0.0,
+                        help="ms an update, measured earlier on this kind of GPU (no --check)")
     parser.add_argument("--targets", type=Path, help="write the Snakemake targets here")
+    parser.add_argument("--stages", type=Path, help="write the planned runs' DVC stages here")
+    parser.add_argument("--narrowed", type=Path,
+                        help="write params.yaml cut to the recipes whose runs are all planned")
     parser.add_argument("--data", type=Path, default=REPO / "data")
     args = parser.parse_args()
     params = load_params(REPO / "params.yaml")
     pipeline_runs = runs(params)
     order = in_priority(pipeline_runs, [Run.parse(name) for name in args.extra])
-    ms, source = ms_per_update(args.check)
+    ms, source = ms_per_update(args.check, args.ms)
     recipes = {run.recipe for run in order}
     updates = {recipe: updates_of(params, recipe, args.data) for recipe in recipes}
     candidates = [Planned(run, updates[run.recipe],
@@ -125,9 +141,20 @@ def main() -> int:
           + ("the whole pipeline fits" if whole else
              "the whole pipeline does NOT fit: training what fits, in the order above"))
     if args.targets:
-        targets = [str(c.run.files().metrics) for c in chosen]
+        targets = [str(c.run.files().metrics) for c in chosen] + ["results/bench.json"]
         targets += ["reports/report.md"] if whole else []
         args.targets.write_text("".join(f"{t}\n" for t in targets))
+    if args.stages:
+        args.stages.write_text("".join(f"{stage}@{c.run.recipe}-{c.run.model}-{c.run.seed}\n"
+                                       for c in chosen for stage in ("train", "evaluate")))
+    complete = [recipe for recipe in params["pipeline"]["recipes"]
+                if all(run in [c.run for c in chosen] for run in pipeline_runs
+                       if run.recipe == recipe)]
+    if args.narrowed and complete and not whole:
+        narrowed = read_yaml((REPO / "params.yaml").read_text())
+        narrowed["pipeline"]["recipes"] = complete
+        args.narrowed.write_text(yaml.safe_dump(narrowed, sort_keys=False))
+        print(f"plan: the report covers recipe(s) {', '.join(complete)} ({args.narrowed})")
     return 0
 
 

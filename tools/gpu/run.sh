@@ -21,15 +21,18 @@
 #      so the same command again (on the same machine) goes on where it stopped.
 # Every call packs the small results (no checkpoints) into $OUT/results.tgz and its output
 # into $OUT/log; when the whole pipeline is done, `dvc commit` records it in dvc.lock.
-# SKIP_CHECKS=1 skips steps 1 and 2 (a second call on the same machine: plan.py then reuses
-# the first call's check_graphs.json, which it finds in $CHECKS, default /tmp/nmt-checks).
+# CHECKS (default "preflight graphs") names the steps 1 and 2 to run: a second call on the same
+# machine needs neither (plan.py reuses the first call's check_graphs.json, kept in
+# $CHECK_DIR, default /tmp/nmt-checks). UPDATE_MS gives plan.py the milliseconds an update
+# measured earlier on this kind of GPU, where step 2 is left out on a fresh machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 minutes=${1:-9}
 shift || true
 extra=("$@")
 OUT=${OUT:-gpu-out}
-CHECKS=${CHECKS:-/tmp/nmt-checks}
+CHECKS=${CHECKS-preflight graphs}
+CHECK_DIR=${CHECK_DIR:-/tmp/nmt-checks}
 deadline=$(( $(date +%s) + $(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 }') ))
 minutes_left() { awk -v s=$(( deadline - $(date +%s) )) 'BEGIN { printf "%.2f", s / 60 }'; }
 mkdir -p "$OUT"
@@ -56,17 +59,21 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 vocabs=(data/vocab/*/)
 snakemake --workflow-profile workflow/profiles/gpu --touch "${vocabs[@]%/}" results/verify/*.json
 
-mkdir -p "$CHECKS"
-if [ -z "${SKIP_CHECKS:-}" ]; then
+mkdir -p "$CHECK_DIR"
+if [[ " $CHECKS " == *" preflight "* ]]; then
     echo "== 1. preflight ($(minutes_left) min left)"
     preflight=0
-    timeout -k 10 150 python3 tools/gpu/preflight.py --json "$CHECKS/preflight.json" || preflight=$?
-    cp "$CHECKS/preflight.json" "$OUT/" 2>/dev/null || true
+    timeout -k 10 150 python3 tools/gpu/preflight.py --json "$CHECK_DIR/preflight.json" \
+        || preflight=$?
+    cp "$CHECK_DIR/preflight.json" "$OUT/" 2>/dev/null || true
     echo "preflight exit $preflight"
+fi
+if [[ " $CHECKS " == *" graphs "* ]]; then
     echo "== 2. CUDA graphs against eager updates ($(minutes_left) min left)"
     graphs=0
-    OUT="$CHECKS" timeout -k 10 150 python3 tools/gpu/check_graphs.py --updates 100 || graphs=$?
-    cp "$CHECKS/check_graphs.json" "$OUT/" 2>/dev/null || true
+    OUT="$CHECK_DIR" timeout -k 10 150 python3 tools/gpu/check_graphs.py --updates 100 \
+        || graphs=$?
+    cp "$CHECK_DIR/check_graphs.json" "$OUT/" 2>/dev/null || true
     if [ "$graphs" != 0 ]; then
         echo "CUDA graphs failed their check (exit $graphs): training eagerly (train.cuda_graphs: false)"
         python3 - <<'PY'
@@ -79,8 +86,9 @@ PY
 fi
 
 echo "== 3. plan ($(minutes_left) min left)"
-python3 tools/gpu/plan.py --minutes "$(minutes_left)" --check "$CHECKS/check_graphs.json" \
-    --extra "${extra[@]}" --targets "$OUT/targets.txt"
+python3 tools/gpu/plan.py --minutes "$(minutes_left)" --check "$CHECK_DIR/check_graphs.json" \
+    --ms "${UPDATE_MS:-0}" --extra "${extra[@]}" --targets "$OUT/targets.txt" \
+    --stages "$OUT/stages.txt" --narrowed params.planned.yaml
 mapfile -t targets <"$OUT/targets.txt"
 
 echo "== 4. train and evaluate ($(minutes_left) min left)"
@@ -92,7 +100,7 @@ within_minutes() {
 # Two passes: the runs first, then bench (it holds the whole GPU to be timed alone; in one
 # pass it was ready first and kept six trainings waiting 75 s) and the report.
 status=0
-within_minutes --omit-from bench "${targets[@]}" || status=$?
+within_minutes "${targets[@]}" --omit-from bench || status=$?  # (it takes several words)
 if [ "$status" != 124 ]; then  # time left: bench, the report, and a retry of what failed
     status=0
     within_minutes "${targets[@]}" || status=$?
@@ -101,9 +109,16 @@ if [ "$status" = 0 ] && grep -qx reports/report.md "$OUT/targets.txt"; then
     dvc commit -f -q && echo "dvc.lock: every stage recorded"
 elif [ "$status" = 0 ]; then
     echo "the planned runs are done; the rest of the pipeline did not fit (see the plan)"
+    mapfile -t stages <"$OUT/stages.txt"
+    dvc commit -f -q "${stages[@]}" bench && echo "dvc.lock: the planned runs and bench recorded"
+    if [ -f params.planned.yaml ]; then  # the report of the recipes trained whole
+        nmt --params params.planned.yaml report --tokenized data/tokenized --vocab data/vocab \
+            --results results --out reports 2> logs/report.log || echo "report failed: logs/report.log"
+    fi
 else
     echo "snakemake stopped (exit $status); run this again to go on"
 fi
-tar czf "$OUT/results.tgz" --exclude='*.pt' results reports dvc.lock logs params.yaml 2>/dev/null || true
+tar czf "$OUT/results.tgz" --exclude='*.pt' results reports dvc.lock logs params.yaml \
+    params.planned.yaml 2>/dev/null || true
 ls -la "$OUT"
 exit "$status"
