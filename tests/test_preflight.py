@@ -113,3 +113,13 @@ def test_part_b_passes_the_math_kernel(call_type):
     math = preflight.sdpa_backend(torch.nn.attention.SDPBackend.MATH)
     result = preflight.part_b([call_type], torch.device("cpu"), "bf16", 0.1, {"math": math})
     assert result["passed"], result["failures"]
+
+
+def test_a_failed_kernel_is_routed_around(call_type):
+    """A backend that fails a check is left out of the NMT_ATTENTION_KERNELS setting the
+    preflight prints; math always stays, the others that passed too."""
+    math = preflight.sdpa_backend(torch.nn.attention.SDPBackend.MATH)
+    result = preflight.part_b([call_type], torch.device("cpu"), "fp32", 0.1,
+                              {"efficient": wrong_keep_rate, "math": math})
+    assert not result["passed"]
+    assert preflight.route_around(result["results"]) == "flash,cudnn,math"

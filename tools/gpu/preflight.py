@@ -43,8 +43,17 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 from nmt.core.codecs import load_codecs  # noqa: E402
 from nmt.core.data import Batches, load_pairs  # noqa: E402
+from nmt.core.graphs import resolve_cuda_graphs, resolve_pad_multiple  # noqa: E402
 from nmt.core.loss import token_loss  # noqa: E402
-from nmt.core.runtime import autocast, device_name, resolve_precision, seed_everything  # noqa: E402
+from nmt.core.runtime import (  # noqa: E402
+    ATTENTION_KERNELS,
+    ATTENTION_KERNELS_ENV,
+    autocast,
+    device_name,
+    limit_attention_kernels,
+    resolve_precision,
+    seed_everything,
+)
 from nmt.models import ModelConfig, build_model  # noqa: E402
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline  # noqa: E402
 from nmt.pipeline.params import load_params  # noqa: E402
@@ -458,9 +467,12 @@ def load(recipe: str, data: Path, device) -> tuple:
     codecs = load_codecs(data / "vocab" / recipe)
     train = settings["train"]
     pairs = load_pairs(data / "tokenized", "train", *codecs, cfg.max_len)
+    graphs = resolve_cuda_graphs(train["cuda_graphs"], device, compiled=False, processes=1,
+                                 accumulate=1)
     batches = Batches(pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
                       shuffle=True, seed=0, bucket=train["bucket"],
-                      pad_multiple=train["pad_multiple"], max_len=cfg.max_len)
+                      pad_multiple=resolve_pad_multiple(train["pad_multiple"], graphs),
+                      max_len=cfg.max_len)
     return settings, cfg, (len(codecs[0]), len(codecs[1])), batches
 
 
@@ -498,7 +510,20 @@ def run(settings, cfg, vocab, batches, device, args) -> dict:
     report["passed"] = not failures
     report["verdict"] = ("preflight: PASS " + summary(report) if not failures else
                          "preflight: FAIL " + " | ".join(failures[:4]))
+    if "B" in report and not report["B"]["passed"]:
+        report["attention_kernels"] = route_around(report["B"]["results"])
+        report["verdict"] += (f"; route: {ATTENTION_KERNELS_ENV}="
+                              f"{report['attention_kernels']}")
     return report
+
+
+def route_around(results: list[dict]) -> str:
+    """The NMT_ATTENTION_KERNELS setting that leaves out every backend that failed a check of
+    part B at any call type (math stays: every call can take it)."""
+    failed = {r["backend"] for r in results
+              if any(r[check]["available"] and not r[check]["passed"]
+                     for check in ("exact", "dropout"))}
+    return ",".join(name for name in ATTENTION_KERNELS if name not in failed or name == "math")
 
 
 def summary(report: dict) -> str:
@@ -535,6 +560,9 @@ def main(argv=None) -> int:
     out = args.json or (Path(os.environ["OUT"]) / "preflight.json" if "OUT" in os.environ
                         else None)
     device = torch.device(args.device)
+    # As the stages do: run again with the setting a failed check printed, part B's default
+    # dispatch shows the route passing.
+    limit_attention_kernels()
     started = time.perf_counter()
     report = run(*load(args.recipe, args.data, device), device, args)
     report["seconds"]["total"] = round(time.perf_counter() - started, 1)

@@ -6,9 +6,12 @@
 #   OUT=folder bash tools/gpu/run.sh [MINUTES] [EXTRA RUNS ...]
 #
 # Within MINUTES (default 9), in this order:
-#   1. tools/gpu/preflight.py (at most ~90 s): which attention kernels the models take, each
-#      checked against an fp32 reference (dropout included), and scratch's expected gradient
-#      against the baseline's from the same weights; its verdict line, $OUT/preflight.json.
+#   1. tools/gpu/preflight.py, parts A and B: which attention kernels the models take, each
+#      checked against a float64 reference (dropout included); its verdict, preflight.json.
+#      Where a kernel fails, every stage leaves it out (NMT_ATTENTION_KERNELS, the route the
+#      preflight prints), and the route is checked (preflight-routed.json). Part C, scratch's
+#      expected gradient against the baseline's from the same weights, runs beside the
+#      trainings of step 4 (preflight-gradients.json).
 #   2. tools/gpu/check_graphs.py: CUDA graph updates against eager ones (dropout off), dropout
 #      on in replayed graphs, and the milliseconds an update of each ($OUT/check_graphs.json).
 #      If the graphs fail it, training runs eagerly (train.cuda_graphs: false here).
@@ -60,13 +63,25 @@ vocabs=(data/vocab/*/)
 snakemake --workflow-profile workflow/profiles/gpu --touch "${vocabs[@]%/}" results/verify/*.json
 
 mkdir -p "$CHECK_DIR"
+preflight() {  # tools/gpu/preflight.py, its JSON in $CHECK_DIR/$1 and $OUT
+    local json=$1
+    shift
+    timeout -k 10 150 python3 tools/gpu/preflight.py --json "$CHECK_DIR/$json" "$@"
+    local status=$?
+    cp "$CHECK_DIR/$json" "$OUT/" 2>/dev/null || true
+    return $status
+}
 if [[ " $CHECKS " == *" preflight "* ]]; then
-    echo "== 1. preflight ($(minutes_left) min left)"
-    preflight=0
-    timeout -k 10 150 python3 tools/gpu/preflight.py --json "$CHECK_DIR/preflight.json" \
-        || preflight=$?
-    cp "$CHECK_DIR/preflight.json" "$OUT/" 2>/dev/null || true
-    echo "preflight exit $preflight"
+    echo "== 1. preflight: the attention kernels ($(minutes_left) min left)"
+    if ! preflight preflight.json --parts AB; then
+        route=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get(
+            'attention_kernels', ''))" "$CHECK_DIR/preflight.json" 2>/dev/null || true)
+        if [ -n "$route" ]; then  # every stage leaves out the kernel found wrong
+            export NMT_ATTENTION_KERNELS=$route
+            echo "NMT_ATTENTION_KERNELS=$route: checking the route"
+            preflight preflight-routed.json --parts AB || echo "the route fails too: see above"
+        fi
+    fi
 fi
 if [[ " $CHECKS " == *" graphs "* ]]; then
     echo "== 2. CUDA graphs against eager updates ($(minutes_left) min left)"
@@ -99,6 +114,12 @@ within_minutes() {
 }
 # Two passes: the runs first, then bench (it holds the whole GPU to be timed alone; in one
 # pass it was ready first and kept six trainings waiting 75 s) and the report.
+# The gradients of scratch against the baseline's (the preflight's part C, about a minute, its
+# GPU work small beside the trainings') alongside the first pass.
+if [[ " $CHECKS " == *" preflight "* ]]; then
+    preflight preflight-gradients.json --parts AC --models baseline,scratch \
+        >"$OUT/preflight-gradients.log" 2>&1 &
+fi
 status=0
 within_minutes "${targets[@]}" --omit-from bench || status=$?  # (it takes several words)
 if [ "$status" != 124 ]; then  # time left: bench, the report, and a retry of what failed
@@ -118,6 +139,8 @@ elif [ "$status" = 0 ]; then
 else
     echo "snakemake stopped (exit $status); run this again to go on"
 fi
+wait  # the gradients' preflight (its own timeout bounds it)
+tail -n 1 "$OUT/preflight-gradients.log" 2>/dev/null || true
 tar czf "$OUT/results.tgz" --exclude='*.pt' results reports dvc.lock logs params.yaml \
     params.planned.yaml 2>/dev/null || true
 ls -la "$OUT"
