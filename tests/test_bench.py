@@ -75,6 +75,17 @@ def test_timed_batches_are_padded_to_the_multiple_and_say_how_much(prepared):
     assert all(shares[8][side] > shares[1][side] for side in ("src", "tgt"))
 
 
+def test_timed_batches_stay_on_the_host_as_training_hands_them_over(prepared):
+    """A graphed update takes host batches (it pins and copies them into its buffers): bench
+    handed it device tensors on an H200, every capture failed and it timed eager steps. Any
+    device but CUDA (here `meta`, which nothing can be copied to) leaves them as they are."""
+    settings = resolve(load_params(REPO / "params.yaml"), "published")
+    plan = SpeedPlan(recipe="published", steps=2, repeats=1, sentences=1)
+    timed, _, _ = bench_inputs(settings, prepared["tokenized"], plan,
+                               load_codecs(prepared["word"]), torch.device("meta"), 8)
+    assert all(t.device.type == "cpu" for batch in timed for t in batch)
+
+
 def test_train_flops_is_what_torch_counts_in_a_step():
     """bench's FLOP formula (MFU's numerator) against torch's FLOP counter on one training step
     (forward and backward) of the scratch model, exactly. The batch has no padding, so the

@@ -116,9 +116,11 @@ within_minutes() {
 # pass it was ready first and kept six trainings waiting 75 s) and the report.
 # The gradients of scratch against the baseline's (the preflight's part C, about a minute, its
 # GPU work small beside the trainings') alongside the first pass.
+gradients=
 if [[ " $CHECKS " == *" preflight "* ]]; then
     preflight preflight-gradients.json --parts AC --models baseline,scratch \
         >"$OUT/preflight-gradients.log" 2>&1 &
+    gradients=$!
 fi
 status=0
 within_minutes "${targets[@]}" --omit-from bench || status=$?  # (it takes several words)
@@ -139,8 +141,10 @@ elif [ "$status" = 0 ]; then
 else
     echo "snakemake stopped (exit $status); run this again to go on"
 fi
-wait  # the gradients' preflight (its own timeout bounds it)
-tail -n 1 "$OUT/preflight-gradients.log" 2>/dev/null || true
+if [ -n "$gradients" ]; then  # its own timeout bounds it; a bare `wait` would also wait
+    wait "$gradients" || true  # for the log's tee, which never ends (the first H200 run hung)
+    tail -n 1 "$OUT/preflight-gradients.log"
+fi
 tar czf "$OUT/results.tgz" --exclude='*.pt' results reports dvc.lock logs params.yaml \
     params.planned.yaml 2>/dev/null || true
 ls -la "$OUT"

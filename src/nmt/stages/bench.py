@@ -232,14 +232,18 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
 
 def bench_inputs(settings: dict, tokenized: Path, plan: SpeedPlan, codecs: tuple, device,
                  pad_multiple: int):
-    """(the timed training batches on device, padded to a multiple of `pad_multiple`, the test
-    sentences to decode, the padding of the recipe's training batches: padding_shares)."""
+    """(the timed training batches, padded to a multiple of `pad_multiple`, the test sentences
+    to decode, the padding of the recipe's training batches: padding_shares). The batches stay
+    on the host, pinned for CUDA, as nmt train hands them to an update: the step copies them
+    to the device without waiting, and a CUDA graph update copies them into its own buffers
+    (on an H200 one handed device tensors failed its capture, and bench timed eager steps)."""
     train, max_len = settings["train"], settings["model"]["max_len"]
     train_pairs = load_pairs(tokenized, "train", *codecs, max_len)
     batches = Batches(train_pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
                       shuffle=True, seed=0, bucket=train["bucket"], pad_multiple=pad_multiple,
                       max_len=max_len)
-    timed = [(src.to(device), tgt.to(device)) for src, tgt in islice(batches, plan.steps)]
+    timed = [(src.pin_memory(), tgt.pin_memory()) if device.type == "cuda" else (src, tgt)
+             for src, tgt in islice(batches, plan.steps)]
     testset = settings["evaluate"]["testsets"][0]  # the attention example and samples use it
     test = load_pairs(tokenized, testset, *codecs, max_len)[: plan.sentences]
     return timed, test, padding_shares(train_pairs, train)
