@@ -244,6 +244,10 @@ def test_sections_and_setup_follow_params(full):
         assert section in text, section
     assert f"| {T17} | 1,000 |" in text and "| val | 1,000 |" in text
     assert "MFU" in text or "FLOPs utilisation" in text
+    # The published runs' first validation losses beside ours, epoch by epoch
+    assert re.search(r"\| epoch +\| baseline \(ours\) +\| baseline \(published\) +\| scratch "
+                     r"\(ours\) +\| scratch \(published\) +\|", text)
+    assert re.search(r"\| 1 +\| \d\.\d{3} +\| 3\.80 +\| \d\.\d{3} +\| 3\.84 +\|", text)
     assert "training batches: random 42.7%, bucketed 6.1%." in text  # bench.json's padding
     # The device report: what trained, in which precision, compiled how fast, in how much memory
     assert "Trained on: NVIDIA H100 80GB HBM3 (peak memory: cuda max_memory_allocated)" in text
