@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import edit_params
@@ -69,6 +70,11 @@ def test_a_live_snakemake_marker_refuses_and_a_stale_one_does_not(tmp_path):
     marker = tmp_path / orchestrators.MARKERS / "nmt-running.1"
     marker.parent.mkdir()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "snakemake"])
+    # Until the child has exec'd, its command line is still pytest's (a make test run beside
+    # other work read it so once, and nothing was refused): wait for it to read as snakemake.
+    deadline = time.monotonic() + 10
+    while "snakemake" not in psutil.Process(other.pid).cmdline() and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
         for pid, refused in ((other.pid, True), (os.getpid(), False)):
             marker.write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
