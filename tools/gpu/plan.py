@@ -62,8 +62,7 @@ def updates_of(params: dict, recipe: str, data: Path) -> int:
     pairs = load_pairs(data / "tokenized", "train", *codecs, max_len)
     if settings["data"]["max_train_pairs"]:
         pairs = pairs[: settings["data"]["max_train_pairs"]]
-    batches = Batches(pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
-                      shuffle=True, seed=0, bucket=train["bucket"])
+    batches = Batches.for_training(pairs, train, seed=0)
     return train["epochs"] * math.ceil(len(batches.indices(0)) / train["accumulate"])
 
 

@@ -469,10 +469,8 @@ def load(recipe: str, data: Path, device) -> tuple:
     pairs = load_pairs(data / "tokenized", "train", *codecs, cfg.max_len)
     graphs = resolve_cuda_graphs(train["cuda_graphs"], device, compiled=False, processes=1,
                                  accumulate=1)
-    batches = Batches(pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
-                      shuffle=True, seed=0, bucket=train["bucket"],
-                      pad_multiple=resolve_pad_multiple(train["pad_multiple"], graphs),
-                      max_len=cfg.max_len)
+    batches = Batches.for_training(pairs, train, seed=0, max_len=cfg.max_len,
+                                   pad_multiple=resolve_pad_multiple(train["pad_multiple"], graphs))
     return settings, cfg, (len(codecs[0]), len(codecs[1])), batches
 
 

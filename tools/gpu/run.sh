@@ -66,8 +66,8 @@ mkdir -p "$CHECK_DIR"
 preflight() {  # tools/gpu/preflight.py, its JSON in $CHECK_DIR/$1 and $OUT
     local json=$1
     shift
-    timeout -k 10 150 python3 tools/gpu/preflight.py --json "$CHECK_DIR/$json" "$@"
-    local status=$?
+    local status=0  # (set -e ends a background subshell at a bare failing command)
+    timeout -k 10 150 python3 tools/gpu/preflight.py --json "$CHECK_DIR/$json" "$@" || status=$?
     cp "$CHECK_DIR/$json" "$OUT/" 2>/dev/null || true
     return $status
 }

@@ -262,6 +262,16 @@ class Batches:
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self._order = None  # (epoch, batches) of the epoch last built
 
+    @classmethod
+    def for_training(cls, pairs: Pairs | list[Pair], train, seed: int, pad_multiple: int = 1,
+                     max_len: int = 0) -> Batches:
+        """The train split's batches as a recipe's train settings (a mapping with batch_by,
+        batch_size, max_tokens, bucket) make them, reshuffled every epoch from `seed`: what
+        nmt train, the bench and the GPU tools all take."""
+        return cls(pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
+                   shuffle=True, seed=seed, bucket=train["bucket"], pad_multiple=pad_multiple,
+                   max_len=max_len)
+
     def indices(self, epoch: int | None = None) -> list[list[int]]:
         """An epoch's batches as index lists (default: the current epoch), built once an epoch.
 

@@ -26,7 +26,11 @@ GPU_MEMORY_ENV = "NMT_GPU_MEM_MB"
 # every stage. Like the memory bound it is the machine's, not a param (right kernels give the
 # same results); train.json records it.
 ATTENTION_KERNELS_ENV = "NMT_ATTENTION_KERNELS"
-ATTENTION_KERNELS = ("flash", "efficient", "cudnn", "math")
+KERNEL_SWITCHES = {"flash": torch.backends.cuda.enable_flash_sdp,
+                   "efficient": torch.backends.cuda.enable_mem_efficient_sdp,
+                   "cudnn": torch.backends.cuda.enable_cudnn_sdp,
+                   "math": torch.backends.cuda.enable_math_sdp}
+ATTENTION_KERNELS = tuple(KERNEL_SWITCHES)
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -80,11 +84,7 @@ def limit_attention_kernels() -> str:
         raise NmtError(f"{ATTENTION_KERNELS_ENV}={value!r}: names {', '.join(ATTENTION_KERNELS)} "
                        "only, and math among them, which every call can take (fix: e.g. "
                        f"{ATTENTION_KERNELS_ENV}=efficient,math, or unset it)")
-    switches = {"flash": torch.backends.cuda.enable_flash_sdp,
-                "efficient": torch.backends.cuda.enable_mem_efficient_sdp,
-                "cudnn": torch.backends.cuda.enable_cudnn_sdp,
-                "math": torch.backends.cuda.enable_math_sdp}
-    for name, switch in switches.items():
+    for name, switch in KERNEL_SWITCHES.items():
         switch(name in names)
     log.info("attention kernels: %s only (%s)", ", ".join(names), ATTENTION_KERNELS_ENV)
     return ",".join(names)

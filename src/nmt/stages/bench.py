@@ -239,9 +239,8 @@ def bench_inputs(settings: dict, tokenized: Path, plan: SpeedPlan, codecs: tuple
     (on an H200 one handed device tensors failed its capture, and bench timed eager steps)."""
     train, max_len = settings["train"], settings["model"]["max_len"]
     train_pairs = load_pairs(tokenized, "train", *codecs, max_len)
-    batches = Batches(train_pairs, train["batch_by"], train["batch_size"], train["max_tokens"],
-                      shuffle=True, seed=0, bucket=train["bucket"], pad_multiple=pad_multiple,
-                      max_len=max_len)
+    batches = Batches.for_training(train_pairs, train, seed=0, pad_multiple=pad_multiple,
+                                   max_len=max_len)
     timed = [(src.pin_memory(), tgt.pin_memory()) if device.type == "cuda" else (src, tgt)
              for src, tgt in islice(batches, plan.steps)]
     testset = settings["evaluate"]["testsets"][0]  # the attention example and samples use it

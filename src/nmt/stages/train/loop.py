@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -414,8 +413,7 @@ def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
              len(valid_pairs), paths.tokenized, len(codecs[0]), len(codecs[1]), paths.vocab)
     sizes = (config.batch_by, config.batch_size, config.max_tokens)
     padding = {"pad_multiple": pad_multiple, "max_len": max_len}
-    return (Batches(train_pairs, *sizes, shuffle=True, seed=seed, bucket=config.bucket,
-                    **padding),
+    return (Batches.for_training(train_pairs, vars(config), seed, **padding),
             Batches(valid_pairs, *sizes, shuffle=False, **padding))
 
 
@@ -829,12 +827,12 @@ def write_outputs(trainer: Trainer, progress: Progress, averaged: float | None) 
     checkpoint.save(files.last, trainer.model, **meta, epoch=last["epoch"],
                     valid_loss=last["valid_loss"])
     trainer.model.load_state_dict(progress.best_state)
-    summary = plain(summarize(trainer, progress, averaged))  # (greedy BLEU: the best weights)
+    summary = summarize(trainer, progress, averaged)  # (its greedy BLEU: the best weights)
     mean_of = {"averaged": progress.best_averaged} if progress.best_averaged else {}
     with last_outputs():  # a SIGTERM from here on waits, then finds every output in place
         checkpoint.save(files.best, trainer.model, **meta, epoch=progress.best_epoch,
                         valid_loss=progress.best_loss, **mean_of)
-        write_history(files.history, plain(progress.history))
+        write_history(files.history, progress.history)
         write_json(files.summary, summary)
     log.info("wrote %s (best valid loss %.4f at epoch %s)", files.folder, progress.best_loss,
              progress.best_name)
@@ -910,18 +908,6 @@ def machine_report(trainer: Trainer) -> dict:
             sum(compilation_time_metrics.get("_compile.compile_inner", [])), 2)
         report["compiled_graphs"] = counters["stats"]["unique_graphs"]
     return report | peak_memory(trainer.device)
-
-
-def plain(value):
-    """value with each tensor or numpy number in it, however deep, a Python number: history.csv
-    and train.json hold numbers, never `tensor(0.0005, device='cuda:0')`."""
-    if isinstance(value, dict):
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(item) for item in value]
-    if isinstance(value, torch.Tensor | np.generic):
-        return value.item()
-    return value
 
 
 def write_history(path: Path, rows: list[dict]) -> None:
