@@ -11,11 +11,12 @@ from conftest import REPO, edit_params
 from corpora import LANGS, corpus_data, sentences, write_files, write_parquet
 from nmt.core.errors import NmtError
 from nmt.core.files import sha256
+from nmt.core.records import RECORD, read_sums
 from nmt.pipeline import preflight
 from nmt.pipeline.params import load_params
 from nmt.stages import sources
-from nmt.stages.download import RECORD, download
 from nmt.stages.download import Paths as DownloadPaths
+from nmt.stages.download import download
 from nmt.stages.tokenize import Paths as TokenizePaths
 from nmt.stages.tokenize import tokenize
 
@@ -50,8 +51,8 @@ def test_files_and_both_huggingface_layouts_give_the_same_raw_files(corpus, tmp_
     for split, sides in corpus["sentences"].items():
         for lang, lines in sides.items():
             assert gzip.decompress(raw[f"{split}.{lang}.gz"]).decode().splitlines() == lines
-    recorded = dict(reversed(line.split("  ")) for line in raw[RECORD].decode().splitlines())
-    assert recorded == {n: sha256(tmp_path / "files" / n) for n in names}
+    assert read_sums(tmp_path / "files" / RECORD) == {
+        n: sha256(tmp_path / "files" / n) for n in names}
 
 
 def test_tokenize_reads_a_corpus_with_its_own_test_set(corpus, tmp_path):

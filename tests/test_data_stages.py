@@ -13,9 +13,10 @@ from conftest import REPO
 from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID, SPECIALS, load_codecs
 from nmt.core.data import Batches, load_pairs, padding_fraction, sentence_batches, token_batches
 from nmt.core.errors import NmtError
+from nmt.core.records import RECORD, read_sums
 from nmt.core.text import detokenize, read_lines, read_tokens, tokenize_lines
 from nmt.pipeline.params import load_params
-from nmt.stages.download import SUMS, download, read_sums, sha256
+from nmt.stages.download import SUMS, download, sha256
 from nmt.stages.download import Paths as DownloadPaths
 from nmt.stages.tokenize import Paths as TokenizePaths
 from nmt.stages.tokenize import tokenize
@@ -27,7 +28,8 @@ UNREACHABLE = "http://127.0.0.1:9/unreachable"
 
 
 def test_download_verifies_every_file(prepared):
-    assert sorted(p.name for p in prepared["raw"].iterdir()) == sorted(read_sums(REPO / SUMS))
+    assert sorted(p.name for p in prepared["raw"].iterdir()) == sorted(
+        [*read_sums(REPO / SUMS), RECORD])
 
 
 def test_corrupt_mirror_file_is_rejected_and_nothing_is_left(mirror, tmp_path, monkeypatch):
@@ -122,6 +124,10 @@ def test_truncated_or_corrupt_raw_file(prepared, tmp_path):
     raw = tmp_path / "raw"
     shutil.copytree(prepared["raw"], raw)
     (raw / "val.de.gz").write_bytes(gzip.compress(b"only one line\n"))
+    with pytest.raises(NmtError, match=r"val.de.gz: its sha256 differs from the one recorded in "
+                       r".*SHA256SUMS.*fix: `dvc repro -f -s download`"):
+        tokenize({"data": DATA, "tokenize": TOKENIZE}, TokenizePaths(raw, tmp_path / "tok"))
+    (raw / RECORD).unlink()  # a folder without a record (made by hand) is read as it is
     with pytest.raises(NmtError, match="val: 1 de vs 1014 en lines"):
         tokenize({"data": DATA, "tokenize": TOKENIZE},
                  TokenizePaths(raw, tmp_path / "tok"))

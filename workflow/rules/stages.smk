@@ -31,6 +31,7 @@ rule config:
             "src/nmt/stages/config.py",
             "src/nmt/pipeline/preflight.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
         ],
     output:
         "params/{recipe}.yaml",
@@ -52,6 +53,7 @@ rule sources:
             *SHARED_CODE,
             "src/nmt/stages/sources.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
         ],
     output:
         "params/sources.sha256",
@@ -73,6 +75,7 @@ rule download:
             *SHARED_CODE,
             "src/nmt/stages/download.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
         ],
     output:
         directory("data/raw"),
@@ -96,6 +99,7 @@ rule tokenize:
             "src/nmt/stages/tokenize.py",
             "src/nmt/core/text.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
         ],
     output:
         directory("data/tokenized"),
@@ -121,6 +125,7 @@ rule vocab:
             "src/nmt/core/codecs.py",
             "src/nmt/core/text.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
         ],
     output:
         directory("data/vocab/{recipe}"),
@@ -147,6 +152,7 @@ rule verify:
             "src/nmt/core/codecs.py",
             "src/nmt/core/text.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
             *package("src/nmt/models"),
         ],
     output:
@@ -185,6 +191,7 @@ rule train:
             "src/nmt/core/codecs.py",
             "src/nmt/core/text.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
             *package("src/nmt/models"),
         ],
     output:
@@ -226,6 +233,7 @@ rule evaluate:
             "src/nmt/core/codecs.py",
             "src/nmt/core/text.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
             *package("src/nmt/models"),
         ],
     output:
@@ -264,6 +272,7 @@ rule export:
             "src/nmt/core/codecs.py",
             "src/nmt/core/text.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
             *package("src/nmt/models"),
         ],
     output:
@@ -302,6 +311,7 @@ rule bench:
             "src/nmt/core/codecs.py",
             "src/nmt/core/text.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
             *package("src/nmt/models"),
         ],
     output:
@@ -351,6 +361,7 @@ rule report:
             "src/nmt/core/stats.py",
             "src/nmt/core/text.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/records.py",
         ],
     output:
         "reports/report.md",

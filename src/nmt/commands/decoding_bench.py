@@ -23,7 +23,7 @@ from nmt.core.checkpoint import check_vocab, load
 from nmt.core.codecs import load_codecs
 from nmt.core.data import load_pairs
 from nmt.core.decoding import DecodeConfig, translate_batches
-from nmt.core.engine import check_export, open_engine, tokens_of
+from nmt.core.engine import check_export, check_export_vocab, open_engine, tokens_of
 from nmt.core.files import read_json, write_json
 from nmt.core.runs import Run, RunFiles
 from nmt.core.text import read_lines
@@ -58,6 +58,7 @@ def bench_decoding(settings: dict, paths: Paths, plan: DecodingPlan) -> dict:
     model, ckpt = load(paths.run.best, "cpu", expect=run, settings=settings)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
+    check_export_vocab(paths.export, run, tokens_of(src_codec), tokens_of(tgt_codec))
     max_len, ev = ckpt["model_config"]["max_len"], settings["evaluate"]
     testset = ev["testsets"][0]
     pairs = load_pairs(paths.tokenized, testset, src_codec, tgt_codec, max_len)

@@ -15,9 +15,14 @@ import torch
 from nmt.core.checkpoint import check_vocab, load
 from nmt.core.codecs import BOS_ID, EOS_ID, load_codecs
 from nmt.core.decoding import DecodeConfig, translate_batches
-from nmt.core.engine import check_export, damaged_export, open_engine, tokens_of
+from nmt.core.engine import (
+    check_export,
+    check_export_vocab,
+    damaged_export,
+    open_engine,
+    tokens_of,
+)
 from nmt.core.errors import NmtError
-from nmt.core.files import read_json
 from nmt.core.runs import Run
 from nmt.core.runtime import pick_device
 from nmt.core.text import tokenize_lines
@@ -202,14 +207,17 @@ def engine_translator(args) -> Translator:
                        "an export (fix: --run <run> with --exports, or leave out --engine)")
     run = Run.parse(args.run)
     folder = Path(args.exports) / run.name
-    check_export(folder, run)
+    meta = check_export(folder, run)
     try:
-        meta = read_json(folder / "nmt.json")
         recipe, max_len = meta["recipe"], int(meta["max_len"])
         src_codec, tgt_codec = load_codecs(folder / "vocab")
-    except (ValueError, KeyError, TypeError) as e:  # broken JSON, a missing key, a bad vocab
+    except NmtError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:  # a missing key, a bad vocab
         raise damaged_export(folder, run, e) from None
-    engine = open_engine(folder, run, tokens_of(src_codec), tokens_of(tgt_codec),
-                         args.compute_type, threads=torch.get_num_threads())
+    src_tokens, tgt_tokens = tokens_of(src_codec), tokens_of(tgt_codec)
+    check_export_vocab(folder, run, src_tokens, tgt_tokens)
+    engine = open_engine(folder, run, src_tokens, tgt_tokens, args.compute_type,
+                         threads=torch.get_num_threads())
     return Translator(f"{folder} ({args.compute_type})", recipe, src_codec, tgt_codec, max_len,
                       engine.translate, None)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from nmt.core.errors import NmtError
-from nmt.core.files import atomic_path
+from nmt.core.files import atomic_path, failed_crc
 from nmt.core.runs import Run
 from nmt.models import MODELS, ModelConfig, build_model
 
@@ -76,6 +76,7 @@ def read(path: Path) -> dict:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # arbitrary bytes make torch.load raise almost anything
         raise foreign(path, _why_unreadable(path, head, e)) from None
+    check_crc(path)
     if not isinstance(ckpt, dict):
         raise foreign(path, f"it holds a {type(ckpt).__name__}, not a dict")
     missing = [k for k in FIELDS if k not in ckpt]
@@ -85,6 +86,20 @@ def read(path: Path) -> dict:
     if wrong:
         raise foreign(path, f"{', '.join(wrong)} of the wrong type")
     return ckpt
+
+
+def check_crc(path: Path) -> None:
+    """Every member's bytes match the CRC-32 the archive recorded (files.failed_crc): a
+    weight with a changed byte would load as a slightly different model."""
+    bad = failed_crc(path)
+    if bad is None:
+        return
+    try:
+        stage = f"`dvc repro -f -s {Run.parse(Path(path).parent.name).dvc_stage('train')}`"
+    except NmtError:  # not in a run's folder
+        stage = "re-run the training that wrote it"
+    raise NmtError(f"{path} is damaged: its member {bad} fails the CRC-32 check the archive "
+                   f"recorded (fix: {stage}, or delete it and run snakemake again)")
 
 
 def describe(model: str, recipe: str, seed) -> str:

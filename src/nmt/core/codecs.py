@@ -13,6 +13,7 @@ from pathlib import Path
 
 from nmt.core.errors import NmtError
 from nmt.core.files import read_json
+from nmt.core.records import verified
 from nmt.core.text import detokenize, split_tokens
 
 SPECIALS = ("<unk>", "<pad>", "<bos>", "<eos>")
@@ -114,9 +115,11 @@ def load_codecs(vocab_dir: Path) -> tuple:
     vocab_dir = Path(vocab_dir)
     if not (vocab_dir / "meta.json").is_file():
         raise NmtError(f"{vocab_dir}/meta.json is missing (fix: run `nmt vocab` first)")
-    meta = read_json(vocab_dir / "meta.json")
+    # Each file is checked against the folder's SHA256SUMS (nmt.core.records) before use.
+    meta = read_json(verified(vocab_dir / "meta.json"))
     if meta["kind"] == "word":
-        return (WordCodec(Vocab(read_json(vocab_dir / "src.json")), meta["source_lang"]),
-                WordCodec(Vocab(read_json(vocab_dir / "tgt.json")), meta["target_lang"]))
-    model = vocab_dir / "spm.model"
+        src, tgt = (read_json(verified(vocab_dir / f"{side}.json")) for side in ("src", "tgt"))
+        return (WordCodec(Vocab(src), meta["source_lang"]),
+                WordCodec(Vocab(tgt), meta["target_lang"]))
+    model = verified(vocab_dir / "spm.model")
     return BpeCodec(model, meta["source_lang"]), BpeCodec(model, meta["target_lang"])

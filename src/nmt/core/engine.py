@@ -33,6 +33,9 @@ import numpy as np
 from nmt.core.codecs import BOS_ID, EOS_ID, SPECIALS
 from nmt.core.decoding import DecodeConfig, output_limits
 from nmt.core.errors import NmtError
+from nmt.core.files import read_json
+from nmt.core.records import check_folder
+from nmt.core.runs import Run
 from nmt.models import ModelConfig
 from nmt.models.mapping import baseline_to_scratch
 from nmt.models.scratch import sinusoids
@@ -128,10 +131,42 @@ def export_command(run) -> str:
     return f"`nmt export --recipe {run.recipe} --model {run.model} --seed {run.seed}`"
 
 
-def check_export(folder: Path, run) -> None:
-    """One line naming the command that writes the run's export, if folder holds none."""
+def check_export(folder: Path, run) -> dict:
+    """The export's nmt.json, once folder holds the run's export as nmt export wrote it; else
+    one line naming the command that writes it: no export, a file that differs from the
+    export's SHA256SUMS (a damaged model.bin, another export's vocab/), or another run's
+    export (folders swapped or copied: nmt.json names the run it holds)."""
     if not (folder / "nmt.json").is_file() or not (folder / "model.bin").is_file():
         raise NmtError(f"{folder} holds no export (fix: {export_command(run)})")
+    check_folder(folder)
+    try:
+        meta = read_json(folder / "nmt.json")
+        held = Run(meta["recipe"], meta["model"], int(meta["seed"]))
+    except (ValueError, KeyError, TypeError) as e:  # broken JSON, a missing key
+        raise damaged_export(folder, run, e) from None
+    if held != run or meta.get("run") != run.name:
+        raise NmtError(f"{folder}/nmt.json says the folder holds the export of "
+                       f"{meta.get('run', held.name)}, not of {run.name}: export folders were "
+                       f"swapped or copied (fix: {export_command(run)})")
+    return meta
+
+
+def check_export_vocab(folder: Path, run, src_tokens: list[str], tgt_tokens: list[str]) -> None:
+    """The export's vocab/ gives the tokens the engine was exported with (its own
+    *_vocabulary.json, one file if shared): another vocabulary would silently change every
+    id the engine reads and writes."""
+    files = ({"source": "shared", "target": "shared"} if (folder / "shared_vocabulary.json")
+             .is_file() else {"source": "source", "target": "target"})
+    for side, tokens in (("source", src_tokens), ("target", tgt_tokens)):
+        path = folder / f"{files[side]}_vocabulary.json"
+        try:
+            exported = read_json(path)
+        except (OSError, ValueError) as e:
+            raise damaged_export(folder, run, e) from None
+        if exported != tokens:
+            raise NmtError(f"{folder}/vocab: its {side} vocabulary ({len(tokens)} tokens) is "
+                           f"not the one the engine was exported with ({path.name}: "
+                           f"{len(exported)} tokens) (fix: {export_command(run)} again)")
 
 
 def damaged_export(folder: Path, run, error: Exception) -> NmtError:

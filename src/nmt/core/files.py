@@ -190,3 +190,13 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def failed_crc(path: Path) -> str | None:
+    """The first member of a zip archive (a torch.save file) whose bytes differ from the CRC-32
+    recorded when it was written; None if all match. torch.load never checks them: a changed
+    byte in a weight (a damaged DVC cache object, a bad disk) loads as another model."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        return archive.testzip()

@@ -158,6 +158,9 @@ def read(path: Path) -> tuple[dict | None, str]:
         return None, f"it is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         return None, f"it is not a format-{FORMAT} resume state"
+    bad = files.failed_crc(path)
+    if bad is not None:
+        return None, f"its member {bad} fails the CRC-32 check its archive recorded"
     return state, ""
 
 

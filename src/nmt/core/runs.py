@@ -66,6 +66,11 @@ class Run:
     def files(self, results: str | Path = "results") -> RunFiles:
         return RunFiles(self.dir(results))
 
+    def dvc_stage(self, stage: str) -> str:
+        """The DVC stage that runs `stage` for this run, as dvc.yaml's matrix names it:
+        evaluate@published-scratch-0."""
+        return f"{stage}@{self.recipe}-{self.model}-{self.seed}"
+
     @classmethod
     def parse(cls, name: str) -> Run:
         """The inverse of .name: 'tuned-scratch-s1' -> Run('tuned', 'scratch', 1)."""

@@ -2,7 +2,9 @@
 that turns word-level output back into a sentence written the way the references are.
 
 Line files are read as streams (`iter_lines`), so that a million-line split never sits in
-memory as one list; `read_lines` remains for the small files (test sets, translations)."""
+memory as one list; `read_lines` remains for the small files (test sets, translations). Each
+reader checks the file against its folder's SHA256SUMS first (nmt.core.records): a stage
+never reads a damaged copy of another stage's output."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from nmt.core.errors import NmtError
+from nmt.core.records import verified
 
 
 def tokenizer(lang: str):
@@ -92,7 +95,7 @@ def iter_lines(path: Path) -> Iterator[str]:
     """The lines of a text file one by one, without their newline: what read_lines lists."""
     if not Path(path).is_file():
         raise NmtError(f"{path} is missing (fix: run `nmt tokenize` first)")
-    with open(path, encoding="utf-8") as f:
+    with open(verified(path), encoding="utf-8") as f:
         for line in f:
             yield line[:-1] if line.endswith("\n") else line
 
@@ -101,14 +104,14 @@ def count_lines(path: Path) -> int:
     """Lines of a text file, counted in its bytes (fast, little memory)."""
     if not Path(path).is_file():
         raise NmtError(f"{path} is missing (fix: run `nmt tokenize` first)")
-    with open(path, "rb") as f:
+    with open(verified(path), "rb") as f:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
 
 
 def read_lines(path: Path) -> list[str]:
     if not Path(path).is_file():
         raise NmtError(f"{path} is missing (fix: run `nmt tokenize` first)")
-    return Path(path).read_text("utf-8").split("\n")[:-1]
+    return verified(Path(path)).read_text("utf-8").split("\n")[:-1]
 
 
 def split_tokens(line: str) -> list[str]:

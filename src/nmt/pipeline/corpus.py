@@ -44,15 +44,6 @@ def raw_names(data: dict) -> list[str]:
             for lang in (data["source_lang"], data["target_lang"])]
 
 
-def read_sums(path: Path) -> dict[str, str]:
-    """file name -> sha256, from a `sha256sum` style file ({} when it is missing)."""
-    if not Path(path).is_file():
-        return {}
-    return {name: digest for digest, name in
-            (line.split(maxsplit=1) for line in Path(path).read_text().splitlines()
-             if line.strip() and not line.startswith("#"))}
-
-
 def local_files(data: dict, root: Path = Path(".")) -> dict[str, Path]:
     """files: raw name (train.de.gz) -> the local file it is made from (relative paths are
     relative to the project, root)."""

@@ -10,25 +10,23 @@ has no GPU). Every problem is one NmtError line naming the fix.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from nmt.core.errors import NmtError
-from nmt.core.files import not_a_folder, sha256
+from nmt.core.files import not_a_folder
+from nmt.core.records import check_folder, read_sums
 from nmt.pipeline.corpus import (
     PINS,
     corpus_recipe,
     corpus_settings,
     local_files,
     raw_names,
-    read_sums,
 )
 from nmt.pipeline.recipes import resolve
 
 # Where stages write (logs: Snakemake's); each, or its nearest existing parent, must be writable.
 OUTPUT_FOLDERS = ("data", "params", "results", "exports", "reports", "logs")
-RECORD = "SHA256SUMS"  # files, huggingface: what nmt download wrote into data/raw
 
 
 def check_settings(params: dict, root: Path = Path(".")) -> None:
@@ -93,32 +91,12 @@ def check_devices(params: dict) -> None:
                            f"are visible (fix: train.devices: {visible} or fewer)")
 
 
-def check_inputs(params: dict, root: Path = Path(".")) -> None:
-    """Files inside data/raw and data/tokenized changed after their stage wrote them. The
-    stages declare these folders, whose time stamps do not change when a file inside does,
-    so Snakemake would go on with a damaged file (DVC hashes the content and notices)."""
-    raw = root / "data" / "raw"
-    sums = raw / RECORD if (raw / RECORD).is_file() else root / PINS
-    pinned = read_sums(sums)
-    for name in raw_names(corpus_settings(params)["data"]):
-        path = raw / name
-        if path.is_file() and name in pinned and sha256(path) != pinned[name]:
-            raise damaged(path, f"its sha256 differs from {sums}", raw)
-    tokenized = root / "data" / "tokenized"
-    stats = tokenized / "stats.json"
-    if not stats.is_file():
-        return  # not tokenized yet (or half written: tokenize renames its folder when done)
-    for key, counts in json.loads(stats.read_text()).items():
-        # tokenize.words: false writes no .tok files (and no token counts)
-        for ext in ("txt", "tok") if "tokens" in counts else ("txt",):
-            path = tokenized / f"{key}.{ext}"
-            lines = path.read_bytes().count(b"\n") if path.is_file() else None
-            if lines != counts["sentences"]:
-                found = "it is missing" if lines is None else f"it has {lines} lines"
-                raise damaged(path, f"{found}, tokenize wrote {counts['sentences']}", tokenized)
-
-
-def damaged(path: Path, why: str, folder: Path) -> NmtError:
-    return NmtError(f"{path}: changed since its stage wrote it: {why} (fix: rm -r {folder}, "
-                    "then run snakemake again; it re-creates the folder and what depends on it)")
-
+def check_inputs(root: Path = Path(".")) -> None:
+    """Files inside the folders the stages declare (data/raw, data/tokenized, data/vocab/*,
+    results/*/translations) that differ from the SHA256SUMS their stage wrote there
+    (nmt.core.records). A folder's time stamp does not change when a file inside it does, so
+    Snakemake would go on with a damaged file; DVC hashes the workspace, but trusts its cache."""
+    for folder in [root / "data" / "raw", root / "data" / "tokenized",
+                   *sorted((root / "data" / "vocab").glob("*/")),
+                   *sorted((root / "results").glob("*/translations/"))]:
+        check_folder(folder)

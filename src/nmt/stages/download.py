@@ -4,7 +4,8 @@
 - multi30k: fetch the public files (MULTI30K_MIRROR first) and verify their pinned sha256;
 - files: read the local files (plain or .gz), check that the sides pair up, write them gzipped;
 - huggingface: datasets.load_dataset each split, take the two languages' columns, write them.
-The last two record what they wrote in data/raw/SHA256SUMS (preflight checks it).
+Whatever the kind, data/raw/SHA256SUMS records what was written (nmt.core.records): tokenize
+checks each file against it before reading, Snakemake's preflight when it starts.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from pathlib import Path
 
 from nmt.core.errors import FULL, NmtError
 from nmt.core.files import atomic_dir, sha256, utf8_lines
+from nmt.core.records import read_sums, write_record
 from nmt.pipeline import commandline
-from nmt.pipeline.corpus import PINS, corpus_settings, local_files, raw_names, read_sums, splits
+from nmt.pipeline.corpus import PINS, corpus_settings, local_files, raw_names, splits
 
 log = logging.getLogger("nmt.download")
 
 SUMS = PINS  # the pinned sha256 of every Multi30k file
-RECORD = "SHA256SUMS"  # files, huggingface: the sha256 of each file written, in data/raw
 
 
 def sources() -> list[str]:
@@ -104,8 +105,7 @@ def download(settings: dict, paths: Paths, *, retries: int = 4, backoff: float =
         else:
             write = copy_files if data["corpus"] == "files" else load_huggingface
             write(data, paths, tmp)
-            record = "".join(f"{sha256(tmp / name)}  {name}\n" for name in raw_names(data))
-            (tmp / RECORD).write_text(record)
+        write_record(tmp, "download")
     log.info("wrote %d files to %s", len(raw_names(data)), paths.out)
 
 

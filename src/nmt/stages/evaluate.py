@@ -23,6 +23,7 @@ from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.errors import NmtError, last_outputs
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.loss import token_loss
+from nmt.core.records import write_record
 from nmt.core.runs import Run, RunFiles
 from nmt.core.runtime import (
     autocast,
@@ -161,6 +162,7 @@ def evaluate(settings: dict, paths: Paths) -> dict:
         metrics, timings, attention = score_testsets(model, codecs, settings, paths.tokenized,
                                                      ckpt["model_config"]["max_len"], out,
                                                      precision)
+        write_record(out, run.dvc_stage("evaluate"))  # the report checks what it reads
     log.info("wrote %s", files.translations)
     with last_outputs():  # a SIGTERM from here on waits, then finds every output in place
         write_json(files.attention, attention)

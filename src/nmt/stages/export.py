@@ -3,7 +3,8 @@
 exports/<run>/ is a CTranslate2 model (model.bin, config.json, its vocabulary files), so
 `ctranslate2.Translator("exports/<run>")` loads it, plus what `nmt translate --engine
 ctranslate2` needs to read and write text exactly as the pipeline does: vocab/ (a copy of the
-recipe's vocabulary folder) and nmt.json (the run, its languages and the check's figures).
+recipe's vocabulary folder) and nmt.json (the run, its languages and the check's figures),
+and SHA256SUMS of every file, which `nmt translate` checks together with nmt.json's run.
 
 The export is checked, not trusted: the engine scores validation pairs and every per-token
 log-probability must be within TOLERANCE of our model's, else nothing is written.
@@ -26,6 +27,7 @@ from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.engine import Engine, max_abs_difference, model_spec, tokens_of
 from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, write_json
+from nmt.core.records import write_record
 from nmt.core.runs import ENCODER_DECODERS, Run, RunFiles
 from nmt.models import ModelConfig
 from nmt.pipeline import commandline
@@ -79,6 +81,7 @@ def export(settings: dict, paths: Paths, check_pairs: int = CHECK_PAIRS) -> dict
             "source_lang": settings["data"]["source_lang"],
             "target_lang": settings["data"]["target_lang"],
             "max_len": cfg.max_len, "check": check})
+        write_record(folder, run.dvc_stage("export"))  # nmt translate checks it all
     log.info("wrote %s: %d validation pairs, log-probabilities within %.1e of ours, greedy "
              "identical on %d of them", paths.out, len(pairs), check["max_abs_logprob_diff"],
              check["greedy_identical"])

@@ -20,7 +20,8 @@ import logging
 from pathlib import Path
 
 from nmt.core.files import sha256, write_text
-from nmt.pipeline.corpus import PINS, corpus_settings, local_files, raw_names, read_sums
+from nmt.core.records import read_sums
+from nmt.pipeline.corpus import PINS, corpus_settings, local_files, raw_names
 
 log = logging.getLogger("nmt.sources")
 

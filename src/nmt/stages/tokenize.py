@@ -3,7 +3,8 @@
 Each split is read line by line from its raw .gz and written as it goes: first the raw lines
 (<split>.<lang>.txt, what BPE vocabularies and the references read), then their spaCy tokens
 (<split>.<lang>.tok, space-joined, what word vocabularies read), in worker processes when
---threads allows. Nothing holds a whole split, so a million pairs take what a thousand do in
+--threads allows; last stats.json and SHA256SUMS (every reader checks a file against it,
+nmt.core.records). Nothing holds a whole split, so a million pairs take what a thousand do in
 memory. With tokenize.words: false only the .txt files are written (a pipeline of BPE
 recipes needs no word tokens) and spaCy never runs.
 """
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, utf8_lines, write_json
+from nmt.core.records import verified, write_record
 from nmt.core.text import iter_lines, token_lines
 from nmt.pipeline import commandline
 from nmt.pipeline.corpus import corpus_settings
@@ -33,6 +35,7 @@ def raw_lines(raw_dir: Path, split: str, lang: str) -> Iterator[str]:
     path = Path(raw_dir) / f"{split}.{lang}.gz"
     if not path.is_file():
         raise NmtError(f"{path} is missing (fix: run `nmt download` first)")
+    verified(path)  # against data/raw/SHA256SUMS: a damaged copy is never tokenized
     try:
         with gzip.open(path, "rb") as f:
             for line in utf8_lines(f, str(path), "re-run `nmt download`"):
@@ -120,6 +123,7 @@ def tokenize(settings: dict, paths: Paths, processes: int = 1) -> dict:
                     log.info("%s: %d sentences (raw text only: tokenize.words is false)", key,
                              sentences)
         write_json(tmp / "stats.json", stats)
+        write_record(tmp, "tokenize")
     log.info("wrote %s", paths.out)
     return stats
 

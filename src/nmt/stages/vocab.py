@@ -17,6 +17,7 @@ from pathlib import Path
 from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Vocab
 from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, write_json
+from nmt.core.records import write_record
 from nmt.core.text import count_lines, iter_lines, split_tokens, token_file
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
@@ -40,9 +41,10 @@ class Paths:
     out: Path  # data/vocab/<recipe>
 
 
-def build(settings: dict, paths: Paths) -> dict:
+def build(settings: dict, paths: Paths, stage: str = "vocab") -> dict:
     """Stage vocab: write one recipe's vocabulary to paths.out; return its summary (also
-    meta.json). settings: the resolved recipe (vocab, data.source_lang/target_lang).
+    meta.json). settings: the resolved recipe (vocab, data.source_lang/target_lang); stage:
+    the DVC stage that runs it (vocab@<recipe>), which SHA256SUMS names.
 
     The train split is streamed, line by line, never held whole: word counts grow a line at
     a time, and SentencePiece reads the raw lines as they come (vocab.bpe_sample: a random
@@ -70,6 +72,7 @@ def build(settings: dict, paths: Paths) -> dict:
                 **({"bpe_sample": sample} if sample else {}), "source_lang": src,
                 "target_lang": tgt, "src_size": sizes["src"], "tgt_size": sizes["tgt"]}
         write_json(tmp / "meta.json", meta)
+        write_record(tmp, stage)
     log.info("%s vocabulary: source %d, target %d -> %s",
              vocab_cfg["kind"], sizes["src"], sizes["tgt"], out_dir)
     return meta
@@ -135,4 +138,5 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args, params: dict) -> None:
     build(resolve(params, args.recipe),
-          Paths(tokenized=args.tokenized, out=args.out or commandline.VOCAB / args.recipe))
+          Paths(tokenized=args.tokenized, out=args.out or commandline.VOCAB / args.recipe),
+          stage=f"vocab@{args.recipe}")

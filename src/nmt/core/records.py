@@ -1,0 +1,105 @@
+"""Content records: every stage folder carries a SHA256SUMS of what its stage wrote, checked
+wherever a stage reads from it, so that a damaged copy is refused instead of used.
+
+DVC trusts its cache: a cache object whose bytes changed is restored by `dvc checkout` as it
+is, and `dvc status` sees nothing (it compares the recorded hashes, not the bytes). Snakemake
+sees time stamps only. So the stages that write data/raw, data/tokenized, data/vocab/<recipe>,
+results/<run>/translations and exports/<run> end by recording the sha256 of each file
+(`write_record`), headed by the DVC stage that writes them, and the readers check a file
+against its folder's record before they use it (`verified`, `check_folder`). The record is
+`sha256sum -c`'s format (it skips the `#` line), so a user can check a folder by hand.
+
+A folder without a record (made by hand, as the tests do, or by an older version) is read
+as it is: the record guards the pipeline's own outputs, it does not forbid other inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nmt.core.errors import NmtError
+from nmt.core.files import sha256, write_text
+
+RECORD = "SHA256SUMS"
+STAGE = "# written by DVC stage "  # the record's first line, then the stage's name
+
+
+def write_record(folder: Path, stage: str) -> None:
+    """folder/SHA256SUMS: the sha256 of every file under folder (sub-folders too), sorted;
+    `stage` is the DVC stage that writes them (tokenize, vocab@published, ...)."""
+    folder = Path(folder)
+    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                   if p.is_file() and p != folder / RECORD)
+    write_text(folder / RECORD, "".join([f"{STAGE}{stage}\n"] + [
+        f"{sha256(folder / name)}  {name}\n" for name in names]))
+
+
+def read_sums(path: Path) -> dict[str, str]:
+    """file name -> sha256, from a `sha256sum` style file ({} when it is missing); `#` lines
+    are comments."""
+    if not Path(path).is_file():
+        return {}
+    return {name: digest for digest, name in
+            (line.split(maxsplit=1) for line in Path(path).read_text().splitlines()
+             if line.strip() and not line.startswith("#"))}
+
+
+def recorded_stage(record: Path) -> str | None:
+    """The DVC stage a record names on its first line (None: a record without one)."""
+    with open(record, encoding="utf-8") as f:
+        first = f.readline()
+    if not first.startswith(STAGE):
+        return None
+    return first[len(STAGE):].strip() or None
+
+
+def damaged(path: Path, why: str, record: Path) -> NmtError:
+    """The one line for a file that is not what its stage wrote, with both fixes: DVC re-runs
+    the stage (-f: its run-cache and its cache may hold the damaged copy), and Snakemake,
+    which checks the records when it parses the workflow, re-makes a folder that is gone."""
+    stage = recorded_stage(record)
+    rerun = f"`dvc repro -f -s {stage}`" if stage else "re-run the stage that wrote it"
+    return NmtError(f"{path}: {why} {record}: the file is damaged or not the stage's (fix: "
+                    f"{rerun}, or `rm -r {record.parent}` and run snakemake again; `dvc "
+                    "checkout` restores DVC's cached copy, which may be the damaged one)")
+
+
+# (path, size, mtime, inode) -> sha256: a file read twice by one process is hashed once.
+_hashed: dict[tuple, str] = {}
+
+
+def _digest(path: Path) -> str:
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _hashed:
+        _hashed[key] = sha256(path)
+    return _hashed[key]
+
+
+def verified(path: Path) -> Path:
+    """path, once its sha256 matches its folder's record; one NmtError line if not. A file
+    in a folder without a record is not checked."""
+    path = Path(path)
+    record = path.parent / RECORD
+    if not record.is_file() or path.name == RECORD or not path.is_file():
+        return path  # no record, or nothing to check: the reader's own error says what
+    sums = read_sums(record)
+    if path.name not in sums:
+        raise damaged(path, "it is not listed in", record)
+    if _digest(path) != sums[path.name]:
+        raise damaged(path, "its sha256 differs from the one recorded in", record)
+    return path
+
+
+def check_folder(folder: Path) -> None:
+    """Every file folder's record lists is there and has its sha256 (folders without a record
+    are not checked): a whole export, or what Snakemake finds when it starts."""
+    folder = Path(folder)
+    record = folder / RECORD
+    for name, digest in read_sums(record).items():
+        path = folder / name
+        if not path.is_file():
+            raise damaged(path, "it is missing, but listed in", record)
+        if _digest(path) != digest:
+            raise damaged(path, "its sha256 differs from the one recorded in", record)
