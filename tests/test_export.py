@@ -27,6 +27,7 @@ from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.engine import Engine, tokens_of
 from nmt.core.errors import NmtError
 from nmt.core.loss import token_loss
+from nmt.core.records import RECORD
 from nmt.core.runs import Run
 from nmt.models import ModelConfig, build_model
 from nmt.models.scratch import sinusoids
@@ -203,7 +204,8 @@ def test_what_cannot_be_exported_or_translated_is_one_line(runs, prepared, tmp_p
 @pytest.mark.parametrize("damage", ["model.bin cut", "nmt.json broken", "config.json broken"])
 def test_a_damaged_export_is_one_line(runs, prepared, tmp_path, capsys, damage):
     """A truncated model.bin (head -c 1000), or nmt.json / config.json that is no JSON: one
-    line naming the export and the command that writes it again, no traceback."""
+    line naming the file and the export's DVC stage (its SHA256SUMS); in an export without
+    one, the line names the export and the command that writes it again; no traceback."""
     name = "published-scratch-s0"
     export_case(name, runs, prepared, tmp_path / "exports")
     file = tmp_path / "exports" / name / damage.split()[0]
@@ -214,9 +216,51 @@ def test_a_damaged_export_is_one_line(runs, prepared, tmp_path, capsys, damage):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"nmt translate: error: {file}: its sha256 differs from the one "
+                          "recorded in ") and "`dvc repro -f -s export@published-scratch-0`" in err
+    (file.parent / RECORD).unlink()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
     assert err.startswith(f"nmt translate: error: {tmp_path / 'exports' / name} holds a damaged "
                           "export (") and err.endswith(
         "(fix: `nmt export --recipe published --model scratch --seed 0` again)"), err
+
+
+def test_an_export_of_another_run_or_vocabulary_is_refused(runs, prepared, tmp_path, capsys):
+    """Issue 49: with two runs' export folders swapped, `--run A` printed run B's translations,
+    and with only vocab/ swapped the output silently changed. nmt.json names its run, and the
+    export's SHA256SUMS covers vocab/; an export without one compares the vocabulary's tokens
+    with the engine's own vocabulary files."""
+    exports = tmp_path / "exports"
+    a, b = "published-scratch-s0", "published-scratch-s1"  # word and BPE vocabularies
+    for name in (a, b):
+        export_case(name, runs, prepared, exports)
+
+    def translate(run: str) -> str:
+        argv = ["--params", str(REPO / "params.yaml"), "translate", "--engine", "ctranslate2",
+                "--exports", str(exports), "--run", run, "Ein Hund ."]
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1, err
+        return err.strip()
+
+    def swap(x: Path, y: Path) -> None:
+        x.rename(tmp_path / "aside")
+        y.rename(x)
+        (tmp_path / "aside").rename(y)
+
+    swap(exports / a, exports / b)
+    fix = "(fix: `nmt export --recipe published --model scratch --seed 0`)"
+    assert translate(a) == (f"nmt translate: error: {exports / a}/nmt.json says the folder holds "
+                            f"the export of {b}, not of {a}: export folders were swapped or "
+                            f"copied {fix}")
+    swap(exports / a, exports / b)
+    swap(exports / a / "vocab", exports / b / "vocab")
+    assert translate(a).startswith(f"nmt translate: error: {exports / a / 'vocab'}/")
+    (exports / a / RECORD).unlink()  # an export without its record: the tokens still differ
+    assert translate(a).startswith(f"nmt translate: error: {exports / a}/vocab: its source "
+                                   "vocabulary (")
 
 
 def test_bench_decoding_times_and_scores_every_decoder(runs, prepared, tmp_path, capsys):

@@ -291,21 +291,32 @@ def test_dvc_refuses_while_snakemake_runs(trained, params_edit):
 # ---- item 7: a file damaged inside a folder output -------------------------------------------
 
 @pytest.mark.slow
-def test_a_cut_tokenized_file_is_noticed_and_each_tool_recovers(trained):
-    tok = trained / "data" / "tokenized" / "train.de.tok"
-    lines = tok.read_text().splitlines(keepends=True)
-    tok.write_text("".join(lines[: len(lines) // 2]))  # in place: the folder's mtime stays
-    out = run(["snakemake", "-n"], trained, check=False)
-    assert error_lines(out) == [
-        f"snakemake: error: data/tokenized/train.de.tok: changed since its stage wrote it: it "
-        f"has {len(lines) // 2} lines, tokenize wrote {len(lines)} (fix: rm -r data/tokenized, "
-        "then run snakemake again; it re-creates the folder and what depends on it)"], out
-    assert "tokenize" in run(["dvc", "status", "tokenize"], trained)  # DVC hashes: it knows
-    shutil.rmtree(trained / "data" / "tokenized")  # Snakemake's recovery, as the line says
-    assert "rule tokenize:" in run(["snakemake", "-n"], trained)
-    run(["dvc", "checkout", "data/tokenized"], trained)  # DVC's: restore from its cache
-    assert tok.read_text() == "".join(lines)
-    assert "snakemake: error" not in run(["snakemake", "-n"], trained)  # intact again
+def test_a_damaged_cache_object_is_refused_under_each_tool_and_each_recovers(trained):
+    """Issue 49: a byte changed in DVC's cache object of train.en.tok; `dvc checkout` restores
+    it as it is (DVC trusts its cache), and `dvc repro -f -s vocab@published` built it into
+    the vocabulary. Now the reader checks it against data/tokenized/SHA256SUMS: one line
+    under DVC and Snakemake alike, and the re-run it names repairs the cache too."""
+    tok = trained / "data" / "tokenized" / "train.en.tok"
+    intact = tok.read_bytes()
+    md5 = hashlib.md5(intact).hexdigest()
+    cached = trained / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
+    cached.chmod(0o644)  # DVC keeps its objects read-only
+    cached.write_bytes(intact.replace(b"Two", b"TwX", 1))
+    shutil.rmtree(trained / "data" / "tokenized")
+    run(["dvc", "checkout", "data/tokenized"], trained)
+    assert b"TwX" in tok.read_bytes()  # restored damaged, as DVC does
+    line = ("data/tokenized/train.en.tok: its sha256 differs from the one recorded in "
+            "data/tokenized/SHA256SUMS: the file is damaged or not the stage's (fix: `dvc repro "
+            "-f -s tokenize`, or `rm -r data/tokenized` and run snakemake again; `dvc checkout` "
+            "restores DVC's cached copy, which may be the damaged one)")
+    out = run(["dvc", "repro", "-f", "-s", "vocab@published"], trained, check=False)
+    assert [e for e in error_lines(out) if not e.startswith("ERROR: failed to reproduce")] == [
+        f"nmt vocab: error: {line}"], out
+    assert error_lines(run(["snakemake", "-n"], trained, check=False)) == [
+        f"snakemake: error: {line}"]
+    run(["dvc", "repro", "-f", "-s", "tokenize"], trained)  # the fix the line names
+    assert tok.read_bytes() == intact and cached.read_bytes() == intact  # the cache repaired
+    assert "snakemake: error" not in run(["snakemake", "-n"], trained)
 
 
 def test_results_that_is_a_file_is_one_line_under_each_tool(tmp_path, mirror):

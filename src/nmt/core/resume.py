@@ -156,11 +156,11 @@ def read(path: Path) -> tuple[dict | None, str]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated or foreign file: any unpickling error means unusable
         return None, f"it is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        return None, f"it is not a format-{FORMAT} resume state"
     bad = files.failed_crc(path)
     if bad is not None:
         return None, f"its member {bad} fails the CRC-32 check its archive recorded"
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        return None, f"it is not a format-{FORMAT} resume state"
     return state, ""
 
 

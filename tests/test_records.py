@@ -1,0 +1,132 @@
+"""Content records (nmt.core.records): a stage's output that changed after the stage wrote it
+is refused where the next stage reads it, in one line naming the file and the fix, never
+used. Issue 49's case: a DVC cache object of data/tokenized/train.en.tok with one byte
+changed, restored by `dvc checkout`, was built into the vocabulary (1,920 -> 1,921 words).
+The whole DVC round trip runs in tests/test_orchestrators.py, on the tiny pipeline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.core import resume
+from nmt.core.checkpoint import read
+from nmt.core.codecs import load_codecs
+from nmt.core.data import load_pairs
+from nmt.core.errors import NmtError
+from nmt.core.records import RECORD, check_folder, read_sums, recorded_stage, verified
+from nmt.pipeline.params import load_params
+from nmt.stages import vocab
+from test_robustness import PARAMS, save_tiny
+
+PUBLISHED = load_params(PARAMS)
+
+
+def damage(path: Path, old: bytes = b"Two", new: bytes = b"TwX") -> None:
+    """One word changed in place, as in the issue (the file keeps its size)."""
+    data = path.read_bytes()
+    assert old in data
+    path.write_bytes(data.replace(old, new, 1))
+
+
+def copy(folder: Path, dest: Path) -> Path:
+    shutil.copytree(folder, dest)
+    return dest
+
+
+def test_every_stage_folder_records_each_file_it_wrote(prepared):
+    """download, tokenize and vocab record every file they wrote, headed by their DVC stage;
+    `sha256sum -c` (GNU coreutils, skipping the # line) agrees with every line."""
+    for key, stage in (("raw", "download"), ("tokenized", "tokenize"), ("word", "vocab"),
+                       ("bpe", "vocab")):
+        folder = prepared[key]
+        listed = read_sums(folder / RECORD)
+        assert sorted(listed) == sorted(p.name for p in folder.iterdir() if p.name != RECORD)
+        assert recorded_stage(folder / RECORD) == stage
+        check = subprocess.run(["sha256sum", "-c", "--strict", RECORD], cwd=folder,
+                               capture_output=True, text=True)
+        assert check.returncode == 0 and check.stdout.count(": OK") == len(listed), check
+
+
+def test_a_changed_byte_in_tokenized_data_is_refused_where_vocab_reads_it(prepared, tmp_path):
+    tokenized = copy(prepared["tokenized"], tmp_path / "tokenized")
+    damage(tokenized / "train.en.tok")
+    with pytest.raises(NmtError) as err:
+        vocab.build(PUBLISHED, vocab.Paths(tokenized, tmp_path / "vocab"), stage="vocab@published")
+    record = tokenized / RECORD
+    assert str(err.value) == (
+        f"{tokenized / 'train.en.tok'}: its sha256 differs from the one recorded in {record}: "
+        "the file is damaged or not the stage's (fix: `dvc repro -f -s tokenize`, or `rm -r "
+        f"{tokenized}` and run snakemake again; `dvc checkout` restores DVC's cached copy, "
+        "which may be the damaged one)")
+    assert not (tmp_path / "vocab").exists()  # nothing built from it
+    # train, verify, evaluate, export and bench read pairs through load_pairs: refused too
+    with pytest.raises(NmtError, match="train.en.tok: its sha256 differs"):
+        load_pairs(tokenized, "train", *load_codecs(prepared["word"]), 64)
+
+
+def test_a_vocabulary_file_that_changed_is_refused_by_every_reader(prepared, tmp_path):
+    word = copy(prepared["word"], tmp_path / "word")
+    tokens = json.loads((word / "tgt.json").read_text())
+    tokens[5], tokens[6] = tokens[6], tokens[5]  # still a valid vocabulary of the same size
+    (word / "tgt.json").write_text(json.dumps(tokens))
+    with pytest.raises(NmtError, match=r"tgt.json: its sha256 differs .* `dvc repro -f -s "
+                                       r"vocab`"):
+        load_codecs(word)
+    bpe = copy(prepared["bpe"], tmp_path / "bpe")
+    model = bytearray((bpe / "spm.model").read_bytes())
+    model[len(model) // 2] ^= 1
+    (bpe / "spm.model").write_bytes(bytes(model))
+    with pytest.raises(NmtError, match="spm.model: its sha256 differs"):
+        load_codecs(bpe)
+
+
+def test_a_missing_or_unlisted_file_is_named(prepared, tmp_path):
+    word = copy(prepared["word"], tmp_path / "word")
+    (word / "src.json").unlink()
+    with pytest.raises(NmtError, match=r"src.json: it is missing, but listed in .*SHA256SUMS"):
+        check_folder(word)
+    (word / "extra.json").write_text("[]")
+    with pytest.raises(NmtError, match=r"extra.json: it is not listed in .*SHA256SUMS"):
+        verified(word / "extra.json")
+
+
+def test_a_folder_without_a_record_is_read_as_it_is(prepared, tmp_path):
+    """Folders made by hand (the tests cut the prepared data so) carry no record."""
+    word = copy(prepared["word"], tmp_path / "word")
+    (word / RECORD).unlink()
+    tokens = json.loads((word / "tgt.json").read_text())
+    (word / "tgt.json").write_text(json.dumps(tokens[:-1]))
+    assert len(load_codecs(word)[1]) == len(tokens) - 1
+    check_folder(word)
+
+
+def flip_a_weight(path: Path, dest: Path) -> Path:
+    """A copy of the checkpoint with one bit of a stored tensor flipped, the archive intact:
+    torch.load reads it as a slightly different model."""
+    with zipfile.ZipFile(path) as archive:
+        member = next(i for i in archive.infolist() if "/data/" in i.filename
+                      and i.file_size >= 64)
+        start = member.header_offset + 30 + len(member.filename.encode()) + len(member.extra)
+    data = bytearray(path.read_bytes())
+    data[start + member.file_size // 2] ^= 0x10
+    dest.write_bytes(bytes(data))
+    return dest
+
+
+def test_a_flipped_weight_fails_the_checkpoints_crc(tmp_path):
+    save_tiny(tmp_path / "best.pt")
+    bad = flip_a_weight(tmp_path / "best.pt", tmp_path / "damaged.pt")
+    torch.load(bad, weights_only=True)  # torch reads it without a word
+    with pytest.raises(NmtError, match=r"damaged.pt is damaged: its member .*/data/\d+ fails "
+                                       r"the CRC-32 check the archive recorded \(fix: re-run"):
+        read(bad)
+    read(tmp_path / "best.pt")  # the intact file still loads
+    state, why = resume.read(bad)
+    assert state is None and "fails the CRC-32 check" in why
