@@ -14,10 +14,11 @@ from nmt.core.files import sha256
 from nmt.pipeline import preflight
 from nmt.pipeline.params import load_params
 from nmt.stages import sources
-from nmt.stages.download import RECORD, download
+from nmt.stages.download import MIN_TRAIN_PAIRS, RECORD, download
 from nmt.stages.download import Paths as DownloadPaths
 from nmt.stages.tokenize import Paths as TokenizePaths
 from nmt.stages.tokenize import tokenize
+from nmt.stages.verify import TRAJECTORY_STEPS
 
 PARAMS = load_params(REPO / "params.yaml")
 DATA = PARAMS["data"]
@@ -80,6 +81,13 @@ def bad_files(corpus, tmp_path, split="train", lang="en", lines=None, raw_bytes=
     ("corrupt", "params.yaml: data.files.train.en: {corrupt} is unreadable"),
     ("latin1", "params.yaml: data.files.train.en: {latin1}: line 3 is not UTF-8 (byte 7 of the "
                "line) (fix: give a UTF-8 text file, plain or gzipped)"),
+    ("no_text", "data.files.train: train has no en text: its 1000 en lines are all empty (fix: "
+                "point it at the en sentences, one a line)"),
+    ("few_pairs", "data.files.train: train has 959 pairs with text on both sides, fewer than the "
+                  "960 verify trains on (30 batches of 32) (fix: point it at a corpus of at "
+                  "least 960 such pairs)"),
+    ("no_pair", "data.files.val: val has no pair with text on both sides (fix: give each de line "
+                "its en translation on the same line)"),
 ])
 def test_bad_files_are_one_line_and_leave_nothing(corpus, tmp_path, case, want):
     lines = corpus["sentences"]["train"]["en"]
@@ -91,6 +99,16 @@ def test_bad_files_are_one_line_and_leave_nothing(corpus, tmp_path, case, want):
     elif case == "empty":  # both sides of val empty
         files = bad_files(corpus, tmp_path, "val", "de", lines=[])
         files["val"]["en"] = files["val"]["de"]
+    elif case == "no_text":  # 1,000 empty lines: tokenize, vocab and train took them
+        files = bad_files(corpus, tmp_path, lines=[""] * len(lines))
+    elif case == "few_pairs":  # text on both sides of one pair too few for verify
+        files = bad_files(corpus, tmp_path, lines=lines[:959] + [""] * (len(lines) - 959))
+    elif case == "no_pair":  # each side has text, but never on the same line as the other's
+        val = corpus["sentences"]["val"]
+        files = bad_files(corpus, tmp_path, "val", "de",
+                          lines=[x if i % 2 else "" for i, x in enumerate(val["de"])])
+        files["val"]["en"] = bad_files(corpus, tmp_path, "val", "en", lines=[
+            "" if i % 2 else x for i, x in enumerate(val["en"])])["val"]["en"]
     elif case == "latin1":  # "Fußgänger" written in Latin-1 on line 3
         files = bad_files(corpus, tmp_path, raw_bytes=b"".join(
             x.encode() + b"\n" for x in lines[:2]) + "Ein Fußgänger.\n".encode("latin-1"))
@@ -114,6 +132,10 @@ def test_bad_huggingface_datasets_are_one_line(corpus, tmp_path):
     for name in ("train", "validation", "test"):
         pd.DataFrame({"text": ["a"], "label": [1]}).to_parquet(
             other / "data" / f"{name}-00000.parquet")
+    blank = tmp_path / "hf_blank"  # train's en column all empty strings
+    (blank / "data").mkdir(parents=True)
+    pd.DataFrame({"de": corpus["sentences"]["train"]["de"], "en": [""] * 1000}).to_parquet(
+        blank / "data" / "train-00000.parquet")
     cases = [
         ({**hf, "splits": {**hf["splits"], "val": "nosuch"}},
          "params.yaml: data.huggingface.splits.val: 'nosuch': Unknown split"),
@@ -121,12 +143,18 @@ def test_bad_huggingface_datasets_are_one_line(corpus, tmp_path):
          "params.yaml: data.huggingface.path: cannot load"),
         ({**hf, "path": str(other)}, "params.yaml: data.huggingface.splits.train: "
          f"{other} has no de/en text (columns: label, text)"),
+        ({**hf, "path": str(blank)}, "data.huggingface.splits.train: train has no en text: its "
+         "1000 en lines are all empty"),
     ]
     for entry, want in cases:
         with pytest.raises(NmtError) as e:
             download(settings("huggingface", entry), DownloadPaths(tmp_path / "raw"))
         assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
         assert not (tmp_path / "raw").exists()
+
+
+def test_download_asks_a_train_split_for_what_verify_trains_on():
+    assert MIN_TRAIN_PAIRS == 32 * TRAJECTORY_STEPS
 
 
 def test_params_name_what_a_corpus_lacks(params_file, corpus):
@@ -187,3 +215,4 @@ def test_sources_change_only_when_a_corpus_file_does(corpus, tmp_path):
     assert record.read_text() != before and str(tmp_path / "bad.train.en") in record.read_text()
     assert sources.refresh(settings("huggingface", corpus["translation"]), record)
     assert "data/train-00000.parquet" in record.read_text()
+
