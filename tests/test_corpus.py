@@ -9,11 +9,13 @@ import yaml
 
 from conftest import REPO, edit_params
 from corpora import LANGS, corpus_data, sentences, write_files, write_parquet
+from nmt.core.codecs import load_codecs
+from nmt.core.data import load_pairs
 from nmt.core.errors import NmtError
 from nmt.core.files import sha256
 from nmt.pipeline import preflight
 from nmt.pipeline.params import load_params
-from nmt.stages import sources
+from nmt.stages import sources, vocab
 from nmt.stages.download import MIN_TRAIN_PAIRS, RECORD, download
 from nmt.stages.download import Paths as DownloadPaths
 from nmt.stages.tokenize import Paths as TokenizePaths
@@ -215,4 +217,47 @@ def test_sources_change_only_when_a_corpus_file_does(corpus, tmp_path):
     assert record.read_text() != before and str(tmp_path / "bad.train.en") in record.read_text()
     assert sources.refresh(settings("huggingface", corpus["translation"]), record)
     assert "data/train-00000.parquet" in record.read_text()
+
+
+# ---- a side without text, past download (data/raw of an older download, or made by hand) ----
+
+def tokenized(folder, lines: dict[str, list[str]], ext: str = "tok"):
+    """A tokenized folder whose train split holds `lines` ({lang: lines}) as .tok or .txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for lang, side in lines.items():
+        (folder / f"train.{lang}.{ext}").write_text("".join(x + "\n" for x in side))
+    return folder
+
+
+def word_vocab(tmp_path, lines: dict[str, list[str]]):
+    """A word vocabulary of `lines`, in tmp_path/vocab."""
+    vocab.build({"vocab": PARAMS["vocab"] | {"kind": "word"}, "data": DATA},
+                vocab.Paths(tokenized(tmp_path / "for_vocab", lines), tmp_path / "vocab"))
+    return tmp_path / "vocab"
+
+
+VARIED = [" ".join(["ein", "Hund"] * (1 + i % 7)) for i in range(960)]  # lengths 2 to 14
+
+
+@pytest.mark.parametrize("kind", ["word", "bpe"])
+def test_vocab_says_the_train_split_has_no_text(tmp_path, kind):
+    """bpe: both sides empty made SentencePiece fail, and the line said `lower vocab.bpe_size`;
+    word: an empty side gave a vocabulary of the specials alone."""
+    ext, de = ("tok", VARIED) if kind == "word" else ("txt", [""] * 960)
+    folder = tokenized(tmp_path / "tok", {"de": de, "en": [""] * 960}, ext)
+    side = "en" if kind == "word" else "de"
+    with pytest.raises(NmtError) as e:
+        vocab.build({"vocab": PARAMS["vocab"] | {"kind": kind, "bpe_size": 100}, "data": DATA},
+                    vocab.Paths(folder, tmp_path / "vocab"))
+    assert str(e.value) == (f"{folder / f'train.{side}.{ext}'} holds no text (its 960 lines are "
+                            "empty): the train split has nothing on that side (fix: check the "
+                            "corpus's train files, then re-run nmt download and nmt tokenize)")
+
+
+def test_train_and_every_stage_that_loads_pairs_refuse_a_side_without_tokens(tmp_path):
+    """`nmt train` alone trained on <bos> <eos> targets and exited 0."""
+    codecs = load_codecs(word_vocab(tmp_path, {"de": VARIED, "en": VARIED}))
+    folder = tokenized(tmp_path / "tok", {"de": VARIED, "en": [""] * 960})
+    with pytest.raises(NmtError, match=r"train.en.tok holds no text \(its 960 lines are empty\)"):
+        load_pairs(folder, "train", *codecs, 256)
 
