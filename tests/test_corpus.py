@@ -20,7 +20,8 @@ from nmt.stages.download import MIN_TRAIN_PAIRS, RECORD, download
 from nmt.stages.download import Paths as DownloadPaths
 from nmt.stages.tokenize import Paths as TokenizePaths
 from nmt.stages.tokenize import tokenize
-from nmt.stages.verify import TRAJECTORY_STEPS
+from nmt.stages.verify import TRAJECTORY_STEPS, verify
+from nmt.stages.verify import Paths as VerifyPaths
 
 PARAMS = load_params(REPO / "params.yaml")
 DATA = PARAMS["data"]
@@ -261,3 +262,17 @@ def test_train_and_every_stage_that_loads_pairs_refuse_a_side_without_tokens(tmp
     with pytest.raises(NmtError, match=r"train.en.tok holds no text \(its 960 lines are empty\)"):
         load_pairs(folder, "train", *codecs, 256)
 
+
+def test_verify_names_a_train_split_without_padding_in_one_line(tmp_path):
+    """Every target of one length: verify's padding checks raised a ValueError traceback."""
+    lines = {"de": VARIED, "en": ["a dog"] * 960}
+    paths = VerifyPaths(tokenized(tmp_path / "tok", lines), word_vocab(tmp_path, lines),
+                        tmp_path / "verify.json")
+    with pytest.raises(NmtError) as e:
+        verify({"model": PARAMS["model"]}, paths)
+    assert str(e.value) == ("the train split gives verify no batch with padding on both sides: "
+                            "in each of its 30 batches, the first 4 sentences of a side are all "
+                            "one length (fix: a train split whose sentences vary in length; "
+                            "check the corpus's train files, then re-run nmt download and nmt "
+                            "tokenize)")
+    assert not paths.out.exists()
