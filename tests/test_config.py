@@ -101,6 +101,56 @@ def test_missing_key_and_broken_yaml(params_file):
         load_params(params_file)
 
 
+# ---- what a YAML parser lets through: anchors and aliases, a key written twice ---------------
+# Small on purpose: were the refusal lost, this bomb expands to 3**4 strings, not to gigabytes.
+BOMB = ("  testsets: [&l0 [lol, lol, lol], &l1 [*l0, *l0, *l0], &l2 [*l1, *l1, *l1], "
+        "&l3 [*l2, *l2, *l2], *l3]")
+TESTSETS = "  testsets: [test_2016_flickr, test_2017_flickr]"
+LR = "  lr: 1.0e-4\n"
+
+
+def line_of(text: str, line: str, after: int = 0) -> int:
+    """The number of the first line of text that is `line`, past line `after`."""
+    return next(n for n, x in enumerate(text.splitlines(), 1) if x == line and n > after)
+
+
+def written_twice(text: str) -> tuple[str, int, int]:
+    """text with train.lr written again below train.eps; (text, both lines)."""
+    eps = "  eps: 1.0e-9\n"
+    edited = text.replace(eps, eps + "  lr: 5.0e-4\n", 1)
+    first = line_of(text, LR.rstrip())
+    return edited, first, line_of(edited, "  lr: 5.0e-4")
+
+
+def test_anchors_and_aliases_are_refused_before_anything_expands_them(params_file):
+    text = params_file.read_text()
+    params_file.write_text(text.replace(TESTSETS, BOMB, 1))
+    with pytest.raises(NmtError) as e:
+        load_params(params_file)
+    assert str(e.value) == (f"{params_file}: line {line_of(text, TESTSETS)}: a YAML anchor or "
+                            "alias (&l0); params.yaml uses none, and an alias can expand to "
+                            "gigabytes (fix: write the values out)")
+    params_file.write_text(text.replace(TESTSETS, "  testsets: *elsewhere", 1))  # an alias alone
+    with pytest.raises(NmtError, match=r"a YAML anchor or alias \(\*elsewhere\)"):
+        load_params(params_file)
+
+
+def test_a_key_written_twice_is_refused_with_both_lines(params_file):
+    text = params_file.read_text()
+    edited, first, second = written_twice(text)
+    params_file.write_text(edited)
+    with pytest.raises(NmtError) as e:
+        load_params(params_file)
+    assert str(e.value) == (f"{params_file}: train.lr is written twice, at lines {first} and "
+                            f"{second} (fix: keep one)")
+    # Deeper, and in a flow mapping; the same key in two mappings is no repeat.
+    tuned = "    train: {epochs: 80, "  # recipes.tuned.train, whose lr comes later on the line
+    params_file.write_text(text.replace(tuned, tuned + "lr: 2.0e-4, ", 1))
+    with pytest.raises(NmtError, match=r"recipes.tuned.train.lr is written twice, at lines "
+                                       r"(\d+) and \1 \(fix: keep one\)"):
+        load_params(params_file)
+
+
 def test_cli_prints_one_error_line_before_any_work(params_file, tmp_path, capsys):
     edit_params(params_file, model={"d_model": 100, "nhead": 3})
     code = main(["--params", str(params_file), "download", "--out", str(tmp_path / "raw")])
@@ -150,8 +200,11 @@ def test_search_steps_add_to_the_step_they_name_and_demo_is_the_chosen_one():
     assert all(demo[k] == chosen[k] for k in ("vocab", "model", "train", "evaluate"))
 
 
-def test_every_entry_point_gives_the_same_one_line(tmp_path):
-    """nmt, Snakemake and DVC (whose config stage re-runs on any edit) name a bad key alike."""
+@pytest.mark.parametrize("case", ["unknown key", "alias", "written twice"])
+def test_every_entry_point_gives_the_same_one_line(tmp_path, case):
+    """nmt, Snakemake and DVC (whose config stage re-runs on any edit) name a bad key alike.
+    An alias or a repeated key is refused before Snakemake's `configfile:` reads the file
+    (it would build the aliases, and keep the last of two keys)."""
     import shutil
     import subprocess
     import sys
@@ -162,10 +215,21 @@ def test_every_entry_point_gives_the_same_one_line(tmp_path):
     for rel in files:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp_path / rel, follow_symlinks=False)
-    edit_params(tmp_path / "params.yaml", train={"epohcs": 3})
+    params = tmp_path / "params.yaml"
+    text = params.read_text()
+    if case == "unknown key":
+        edit_params(params, train={"epohcs": 3})
+        want = "params.yaml: train: unknown key 'epohcs' (fix: remove it;"
+    elif case == "alias":
+        params.write_text(text.replace(TESTSETS, BOMB, 1))
+        want = f"params.yaml: line {line_of(text, TESTSETS)}: a YAML anchor or alias (&l0);"
+    else:
+        edited, first, second = written_twice(text)
+        params.write_text(edited)
+        want = f"params.yaml: train.lr is written twice, at lines {first} and {second} (fix:"
     bin_ = Path(sys.executable).parent
-    want = "params.yaml: train: unknown key 'epohcs' (fix: remove it;"
-    for cmd in (["nmt", "download"], ["snakemake", "-n"], ["nmt", "config", "--recipe", "tuned"]):
+    for cmd in (["nmt", "download"], ["snakemake", "-n"], ["nmt", "config", "--recipe", "tuned"],
+                ["nmt", "train", "--model", "scratch"]):
         proc = subprocess.run([str(bin_ / cmd[0]), *cmd[1:]], cwd=tmp_path, capture_output=True,
                               text=True)
         errors = [line for line in proc.stderr.splitlines() if "error" in line]

@@ -9,16 +9,20 @@ import yaml
 
 from conftest import REPO, edit_params
 from corpora import LANGS, corpus_data, sentences, write_files, write_parquet
+from nmt.core.codecs import load_codecs
+from nmt.core.data import load_pairs
 from nmt.core.errors import NmtError
 from nmt.core.files import sha256
 from nmt.core.records import RECORD, read_sums
 from nmt.pipeline import preflight
 from nmt.pipeline.params import load_params
-from nmt.stages import sources
+from nmt.stages import sources, vocab
+from nmt.stages.download import MIN_TRAIN_PAIRS, download
 from nmt.stages.download import Paths as DownloadPaths
-from nmt.stages.download import download
 from nmt.stages.tokenize import Paths as TokenizePaths
 from nmt.stages.tokenize import tokenize
+from nmt.stages.verify import TRAJECTORY_STEPS, verify
+from nmt.stages.verify import Paths as VerifyPaths
 
 PARAMS = load_params(REPO / "params.yaml")
 DATA = PARAMS["data"]
@@ -81,6 +85,13 @@ def bad_files(corpus, tmp_path, split="train", lang="en", lines=None, raw_bytes=
     ("corrupt", "params.yaml: data.files.train.en: {corrupt} is unreadable"),
     ("latin1", "params.yaml: data.files.train.en: {latin1}: line 3 is not UTF-8 (byte 7 of the "
                "line) (fix: give a UTF-8 text file, plain or gzipped)"),
+    ("no_text", "data.files.train: train has no en text: its 1000 en lines are all empty (fix: "
+                "point it at the en sentences, one a line)"),
+    ("few_pairs", "data.files.train: train has 959 pairs with text on both sides, fewer than the "
+                  "960 verify trains on (30 batches of 32) (fix: point it at a corpus of at "
+                  "least 960 such pairs)"),
+    ("no_pair", "data.files.val: val has no pair with text on both sides (fix: give each de line "
+                "its en translation on the same line)"),
 ])
 def test_bad_files_are_one_line_and_leave_nothing(corpus, tmp_path, case, want):
     lines = corpus["sentences"]["train"]["en"]
@@ -92,6 +103,16 @@ def test_bad_files_are_one_line_and_leave_nothing(corpus, tmp_path, case, want):
     elif case == "empty":  # both sides of val empty
         files = bad_files(corpus, tmp_path, "val", "de", lines=[])
         files["val"]["en"] = files["val"]["de"]
+    elif case == "no_text":  # 1,000 empty lines: tokenize, vocab and train took them
+        files = bad_files(corpus, tmp_path, lines=[""] * len(lines))
+    elif case == "few_pairs":  # text on both sides of one pair too few for verify
+        files = bad_files(corpus, tmp_path, lines=lines[:959] + [""] * (len(lines) - 959))
+    elif case == "no_pair":  # each side has text, but never on the same line as the other's
+        val = corpus["sentences"]["val"]
+        files = bad_files(corpus, tmp_path, "val", "de",
+                          lines=[x if i % 2 else "" for i, x in enumerate(val["de"])])
+        files["val"]["en"] = bad_files(corpus, tmp_path, "val", "en", lines=[
+            "" if i % 2 else x for i, x in enumerate(val["en"])])["val"]["en"]
     elif case == "latin1":  # "Fußgänger" written in Latin-1 on line 3
         files = bad_files(corpus, tmp_path, raw_bytes=b"".join(
             x.encode() + b"\n" for x in lines[:2]) + "Ein Fußgänger.\n".encode("latin-1"))
@@ -115,6 +136,10 @@ def test_bad_huggingface_datasets_are_one_line(corpus, tmp_path):
     for name in ("train", "validation", "test"):
         pd.DataFrame({"text": ["a"], "label": [1]}).to_parquet(
             other / "data" / f"{name}-00000.parquet")
+    blank = tmp_path / "hf_blank"  # train's en column all empty strings
+    (blank / "data").mkdir(parents=True)
+    pd.DataFrame({"de": corpus["sentences"]["train"]["de"], "en": [""] * 1000}).to_parquet(
+        blank / "data" / "train-00000.parquet")
     cases = [
         ({**hf, "splits": {**hf["splits"], "val": "nosuch"}},
          "params.yaml: data.huggingface.splits.val: 'nosuch': Unknown split"),
@@ -122,12 +147,18 @@ def test_bad_huggingface_datasets_are_one_line(corpus, tmp_path):
          "params.yaml: data.huggingface.path: cannot load"),
         ({**hf, "path": str(other)}, "params.yaml: data.huggingface.splits.train: "
          f"{other} has no de/en text (columns: label, text)"),
+        ({**hf, "path": str(blank)}, "data.huggingface.splits.train: train has no en text: its "
+         "1000 en lines are all empty"),
     ]
     for entry, want in cases:
         with pytest.raises(NmtError) as e:
             download(settings("huggingface", entry), DownloadPaths(tmp_path / "raw"))
         assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
         assert not (tmp_path / "raw").exists()
+
+
+def test_download_asks_a_train_split_for_what_verify_trains_on():
+    assert MIN_TRAIN_PAIRS == 32 * TRAJECTORY_STEPS
 
 
 def test_params_name_what_a_corpus_lacks(params_file, corpus):
@@ -188,3 +219,61 @@ def test_sources_change_only_when_a_corpus_file_does(corpus, tmp_path):
     assert record.read_text() != before and str(tmp_path / "bad.train.en") in record.read_text()
     assert sources.refresh(settings("huggingface", corpus["translation"]), record)
     assert "data/train-00000.parquet" in record.read_text()
+
+
+# ---- a side without text, past download (data/raw of an older download, or made by hand) ----
+
+def tokenized(folder, lines: dict[str, list[str]], ext: str = "tok"):
+    """A tokenized folder whose train split holds `lines` ({lang: lines}) as .tok or .txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for lang, side in lines.items():
+        (folder / f"train.{lang}.{ext}").write_text("".join(x + "\n" for x in side))
+    return folder
+
+
+def word_vocab(tmp_path, lines: dict[str, list[str]]):
+    """A word vocabulary of `lines`, in tmp_path/vocab."""
+    vocab.build({"vocab": PARAMS["vocab"] | {"kind": "word"}, "data": DATA},
+                vocab.Paths(tokenized(tmp_path / "for_vocab", lines), tmp_path / "vocab"))
+    return tmp_path / "vocab"
+
+
+VARIED = [" ".join(["ein", "Hund"] * (1 + i % 7)) for i in range(960)]  # lengths 2 to 14
+
+
+@pytest.mark.parametrize("kind", ["word", "bpe"])
+def test_vocab_says_the_train_split_has_no_text(tmp_path, kind):
+    """bpe: both sides empty made SentencePiece fail, and the line said `lower vocab.bpe_size`;
+    word: an empty side gave a vocabulary of the specials alone."""
+    ext, de = ("tok", VARIED) if kind == "word" else ("txt", [""] * 960)
+    folder = tokenized(tmp_path / "tok", {"de": de, "en": [""] * 960}, ext)
+    side = "en" if kind == "word" else "de"
+    with pytest.raises(NmtError) as e:
+        vocab.build({"vocab": PARAMS["vocab"] | {"kind": kind, "bpe_size": 100}, "data": DATA},
+                    vocab.Paths(folder, tmp_path / "vocab"))
+    assert str(e.value) == (f"{folder / f'train.{side}.{ext}'} holds no text (its 960 lines are "
+                            "empty): the train split has nothing on that side (fix: check the "
+                            "corpus's train files, then re-run nmt download and nmt tokenize)")
+
+
+def test_train_and_every_stage_that_loads_pairs_refuse_a_side_without_tokens(tmp_path):
+    """`nmt train` alone trained on <bos> <eos> targets and exited 0."""
+    codecs = load_codecs(word_vocab(tmp_path, {"de": VARIED, "en": VARIED}))
+    folder = tokenized(tmp_path / "tok", {"de": VARIED, "en": [""] * 960})
+    with pytest.raises(NmtError, match=r"train.en.tok holds no text \(its 960 lines are empty\)"):
+        load_pairs(folder, "train", *codecs, 256)
+
+
+def test_verify_names_a_train_split_without_padding_in_one_line(tmp_path):
+    """Every target of one length: verify's padding checks raised a ValueError traceback."""
+    lines = {"de": VARIED, "en": ["a dog"] * 960}
+    paths = VerifyPaths(tokenized(tmp_path / "tok", lines), word_vocab(tmp_path, lines),
+                        tmp_path / "verify.json")
+    with pytest.raises(NmtError) as e:
+        verify({"model": PARAMS["model"]}, paths)
+    assert str(e.value) == ("the train split gives verify no batch with padding on both sides: "
+                            "in each of its 30 batches, the first 4 sentences of a side are all "
+                            "one length (fix: a train split whose sentences vary in length; "
+                            "check the corpus's train files, then re-run nmt download and nmt "
+                            "tokenize)")
+    assert not paths.out.exists()

@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from nmt.core.runs import Run
+from nmt.pipeline.params import read_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 def params_with(precision: str, recipe: str, folder: Path) -> Path:
     """A copy of params.yaml whose recipe trains in `precision` (schema beside it, as nmt
     looks for it next to the params file)."""
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = read_params(REPO / "params.yaml")
     params["recipes"][recipe].setdefault("train", {})["precision"] = precision
     path = folder / precision / "params.yaml"
     (path.parent / "workflow").mkdir(parents=True, exist_ok=True)

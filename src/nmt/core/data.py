@@ -25,7 +25,7 @@ import torch
 
 from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
 from nmt.core.errors import NmtError
-from nmt.core.text import count_lines, iter_lines, token_file
+from nmt.core.text import count_lines, iter_lines, no_text, token_file
 
 Pair = tuple[list[int], list[int]]
 
@@ -131,14 +131,20 @@ def read_side(path: Path, codec, max_len: int) -> Sentences:
 
 def load_pairs(tokenized_dir: Path, split: str, src_codec, tgt_codec, max_len: int) -> Pairs:
     """(source ids, target ids) of one split, each wrapped in <bos> ... <eos>, cut to max_len.
-    Word vocabularies read the .tok files, BPE the raw .txt files."""
+    Word vocabularies read the .tok files, BPE the raw .txt files. A side without a token is
+    refused: train would learn to say nothing, and exit 0."""
     src_path, tgt_path = side_file(tokenized_dir, split, src_codec), side_file(
         tokenized_dir, split, tgt_codec)
     src_lines, tgt_lines = count_lines(src_path), count_lines(tgt_path)  # before the long work
     if src_lines != tgt_lines:
         raise NmtError(f"{src_path} has {src_lines} lines but {tgt_path} has {tgt_lines}: the "
                        f"{split} split is not aligned (fix: re-run nmt tokenize)")
-    return Pairs(read_side(src_path, src_codec, max_len), read_side(tgt_path, tgt_codec, max_len))
+    sides = {path: read_side(path, codec, max_len)
+             for path, codec in ((src_path, src_codec), (tgt_path, tgt_codec))}
+    for path, side in sides.items():
+        if len(side.ids) == 2 * len(side):  # <bos> <eos> a sentence: nothing to learn or score
+            raise no_text(path, split, len(side))
+    return Pairs(*sides.values())
 
 
 def side_file(tokenized_dir: Path, split: str, codec) -> Path:

@@ -108,6 +108,15 @@ def count_lines(path: Path) -> int:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
 
 
+def no_text(path: Path, split: str, lines: int) -> NmtError:
+    """The one line for a side of a split whose lines are all empty (vocab and every stage
+    that loads pairs refuse it): SentencePiece would blame its vocabulary size, and train
+    would learn to say nothing and exit 0."""
+    return NmtError(f"{path} holds no text (its {lines} lines are empty): the {split} split "
+                    f"has nothing on that side (fix: check the corpus's {split} files, then "
+                    "re-run nmt download and nmt tokenize)")
+
+
 def read_lines(path: Path) -> list[str]:
     if not Path(path).is_file():
         raise NmtError(f"{path} is missing (fix: run `nmt tokenize` first)")

@@ -24,8 +24,61 @@ SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def read_yaml(text: str):
+def read_yaml(text: str, where: str = "params.yaml"):
+    """A YAML file's values, once its event stream holds nothing params.yaml never does
+    (check_plain): every reader of params.yaml and its schema comes here."""
+    check_plain(text, where)
     return yaml.load(text, Loader=YAML_LOADER)
+
+
+def check_plain(text: str, where: str) -> None:
+    """Refuse, from the parser's events and before any value is built, what a YAML parser
+    lets through but params.yaml never holds: an anchor or alias (a few lines of them expand
+    to gigabytes, the "billion laughs", and Snakemake's `configfile:` builds them after us)
+    and a key written twice in one mapping (PyYAML and Snakemake keep the last silently, DVC
+    refuses it). A syntax error is left to the loader's YAMLError."""
+    open_nodes: list[OpenNode] = []  # the mappings and sequences the stream is inside
+    for event in yaml.parse(text, Loader=YAML_LOADER):
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            mark = "*" if isinstance(event, yaml.AliasEvent) else "&"
+            raise NmtError(f"{where}: line {line}: a YAML anchor or alias ({mark}{event.anchor}); "
+                           "params.yaml uses none, and an alias can expand to gigabytes (fix: "
+                           "write the values out)")
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            open_nodes.pop()
+        elif isinstance(event, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
+            path = open_nodes[-1].place(event, line, where) if open_nodes else ""
+            if isinstance(event, yaml.CollectionStartEvent):
+                open_nodes.append(OpenNode(path, isinstance(event, yaml.MappingStartEvent)))
+
+
+class OpenNode:
+    """A mapping or sequence check_plain is inside: where it sits (train, data.testsets) and,
+    for a mapping, the keys seen so far with their lines."""
+
+    def __init__(self, path: str, mapping: bool):
+        self.path, self.mapping = path, mapping
+        self.keys: dict[str, int] = {}  # mapping: key -> its line
+        self.value_of: str | None = None  # mapping: the path of the key whose value is next
+        self.items = 0  # sequence: items so far
+
+    def place(self, event, line: int, where: str) -> str:
+        """The path of the node `event` starts (a key, a key's value, an item); a key is
+        refused if this mapping has it already."""
+        if not self.mapping:
+            self.items += 1
+            return f"{self.path}[{self.items - 1}]"
+        if self.value_of is not None:  # the value of the key before it
+            path, self.value_of = self.value_of, None
+            return path
+        key = event.value if isinstance(event, yaml.ScalarEvent) else "?"  # "?": a complex key
+        path = f"{self.path}.{key}" if self.path else key
+        if key in self.keys and key != "?":
+            raise NmtError(f"{where}: {path} is written twice, at lines {self.keys[key]} and "
+                           f"{line} (fix: keep one)")
+        self.keys[key], self.value_of = line, path
+        return path
 
 
 def find_schema(params_path: Path) -> Path:
@@ -85,7 +138,7 @@ def schema_error_line(err: jsonschema.ValidationError) -> str:
 
 
 def check_schema(params: dict, schema_path: Path) -> None:
-    schema = read_yaml(Path(schema_path).read_text())
+    schema = read_yaml(Path(schema_path).read_text(), str(schema_path))
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
     if errors:
@@ -228,7 +281,7 @@ def read_params(path: Path) -> dict:
     if not path.is_file():
         raise NmtError(f"{path}: not found (fix: run from the repository root or pass --params)")
     try:
-        params = read_yaml(path.read_text())
+        params = read_yaml(path.read_text(), str(path))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""

@@ -32,6 +32,11 @@ log = logging.getLogger("nmt.download")
 
 SUMS = PINS  # the pinned sha256 of every Multi30k file
 
+# The pairs with text on both sides a train split needs (files, huggingface; Multi30k is
+# pinned): verify trains 30 batches of 32 real pairs (nmt.stages.verify; a test ties the two),
+# so a smaller split would pass download, tokenize and vocab only to stop there.
+MIN_TRAIN_PAIRS = 960
+
 
 def sources() -> list[str]:
     """Where to look, in order: MULTI30K_MIRROR (folder or URL) first, then the public repo.
@@ -132,27 +137,58 @@ def fetch_multi30k(data: dict, sums: Path, out: Path, retries: int, backoff: flo
 
 def write_split(out: Path, split: str, sides: dict[str, Iterable[str]], where: str) -> int:
     """Write one split's sides as <split>.<lang>.gz, a sentence a line, streaming; refuse
-    sides of different lengths and an empty split. Returns the number of pairs. Newlines
-    inside a sentence become spaces (a line is a sentence downstream). The gzip header holds
-    no name or time, so the same sentences give the same bytes."""
-    counts = {}
-    for lang, sentences in sides.items():
-        with open(out / f"{split}.{lang}.gz", "wb") as raw, \
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
-            count = 0
-            for sentence in sentences:
-                f.write((" ".join(sentence.split("\n")).strip() + "\n").encode("utf-8"))
-                count += 1
-        counts[lang] = count
-    (src, n_src), (tgt, n_tgt) = counts.items()
-    if n_src != n_tgt:
-        raise NmtError(f"{where}: {split} has {n_src} {src} but {n_tgt} {tgt} sentences: the "
-                       f"sides do not pair up (fix: give both sides one sentence a line, "
-                       f"in the same order)")
-    if not n_src:
+    sides of different lengths, an empty split and one without enough text (check_text).
+    Returns the number of pairs."""
+    texts = {lang: write_side(out / f"{split}.{lang}.gz", sentences)
+             for lang, sentences in sides.items()}
+    (src, src_text), (tgt, tgt_text) = texts.items()
+    if len(src_text) != len(tgt_text):
+        raise NmtError(f"{where}: {split} has {len(src_text)} {src} but {len(tgt_text)} {tgt} "
+                       f"sentences: the sides do not pair up (fix: give both sides one "
+                       f"sentence a line, in the same order)")
+    if not src_text:
         raise NmtError(f"{where}: {split} is empty (fix: point it at a corpus with sentences)")
-    log.info("%s: %d pairs", split, n_src)
-    return n_src
+    check_text(split, texts, where)
+    return len(src_text)
+
+
+def write_side(path: Path, sentences: Iterable[str]) -> bytearray:
+    """One side's sentences into path, gzipped, a line each; returns a byte a line, 1 where
+    it holds text. Newlines inside a sentence become spaces (a line is a sentence
+    downstream). The gzip header holds no name or time, so the same sentences give the
+    same bytes."""
+    text = bytearray()
+    with open(path, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+        for sentence in sentences:
+            line = " ".join(sentence.split("\n")).strip()
+            f.write((line + "\n").encode("utf-8"))
+            text.append(bool(line))
+    return text
+
+
+def check_text(split: str, texts: dict[str, bytearray], where: str) -> None:
+    """Refuse a split that would train or score on nothing: a side whose lines are all empty,
+    a test set or val without one pair with text on both sides, a train split with fewer
+    than MIN_TRAIN_PAIRS. Tokenize, vocab and train would take any of them, and train learn
+    to say nothing."""
+    for lang, text in texts.items():
+        if not any(text):
+            raise NmtError(f"{where}: {split} has no {lang} text: its {len(text)} {lang} lines "
+                           f"are all empty (fix: point it at the {lang} sentences, one a line)")
+    (src, src_text), (tgt, tgt_text) = texts.items()
+    both = sum(map(min, src_text, tgt_text))  # pairs with text on both sides
+    if split == "train" and both < MIN_TRAIN_PAIRS:
+        raise NmtError(f"{where}: train has {both} pairs with text on both sides, fewer than "
+                       f"the {MIN_TRAIN_PAIRS} verify trains on (30 batches of 32) (fix: point "
+                       f"it at a corpus of at least {MIN_TRAIN_PAIRS} such pairs)")
+    if not both:
+        raise NmtError(f"{where}: {split} has no pair with text on both sides (fix: give each "
+                       f"{src} line its {tgt} translation on the same line)")
+    if both < len(src_text):
+        log.warning("%s: %d of %d pairs have an empty side", split, len(src_text) - both,
+                    len(src_text))
+    log.info("%s: %d pairs", split, len(src_text))
 
 
 def read_text(path: Path, key: str) -> Iterator[str]:

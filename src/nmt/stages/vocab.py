@@ -18,7 +18,7 @@ from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Vocab
 from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.records import write_record
-from nmt.core.text import count_lines, iter_lines, split_tokens, token_file
+from nmt.core.text import count_lines, iter_lines, no_text, split_tokens, token_file
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
 
@@ -79,13 +79,17 @@ def build(settings: dict, paths: Paths, stage: str = "vocab") -> dict:
 
 
 def aligned(src_path: Path, tgt_path: Path) -> tuple[Path, Path]:
-    """Both sides of the train split, refused unless they pair up line by line (as verify and
-    train refuse them): a vocabulary of a misaligned split would be built in vain. Lines are
-    counted first (seconds for a million), before the long work."""
+    """Both sides of the train split, refused unless they pair up line by line and each holds
+    text (as verify and train refuse them): a vocabulary of such a split would be built in
+    vain, and SentencePiece would blame its size. Checked first (seconds for a million lines,
+    the text check stops at the first line with text), before the long work."""
     src, tgt = count_lines(src_path), count_lines(tgt_path)
     if src != tgt:
         raise NmtError(f"{src_path} has {src} lines but {tgt_path} has {tgt}: the "
                        "train split is not aligned (fix: re-run nmt tokenize)")
+    for path, lines in ((src_path, src), (tgt_path, tgt)):
+        if not any(map(str.strip, iter_lines(path))):
+            raise no_text(path, "train", lines)
     return src_path, tgt_path
 
 

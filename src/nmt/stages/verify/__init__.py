@@ -34,7 +34,7 @@ from nmt.pipeline.recipes import resolve
 from nmt.stages.verify.checklist import Checklist, format_table, print_checklist
 from nmt.stages.verify.decoder_only import decoder_only_checks
 from nmt.stages.verify.equivalence import TRAJECTORY_STEPS, build_pair
-from nmt.stages.verify.measure import max_abs_diff
+from nmt.stages.verify.measure import CHECK_ROWS, check_batches, max_abs_diff
 from nmt.stages.verify.properties import scratch_checks
 from nmt.stages.verify.suite import run_checks
 
@@ -56,14 +56,24 @@ class Paths:
 
 def real_batches(tokenized: Path, src_codec, tgt_codec, max_len: int) -> list:
     """The first TRAJECTORY_STEPS published-style batches (32 sentences, shuffled) of the
-    training set: the checks need padded rows, whatever batching the recipe trains with."""
+    training set: the checks need padded rows, whatever batching the recipe trains with, and
+    a corpus without them is refused here in one line."""
     pairs = load_pairs(tokenized, "train", src_codec, tgt_codec, max_len)
     if len(pairs) < 32 * TRAJECTORY_STEPS:
         raise NmtError(f"the train split has {len(pairs)} pairs, and verify trains "
                        f"{TRAJECTORY_STEPS} batches of 32 (fix: a corpus of at least "
                        f"{32 * TRAJECTORY_STEPS} training pairs, or a larger "
                        "data.max_train_pairs)")
-    return list(Batches(pairs, "sentences", 32, 0, shuffle=True, seed=0))[:TRAJECTORY_STEPS]
+    batches = list(Batches(pairs, "sentences", 32, 0, shuffle=True, seed=0))[:TRAJECTORY_STEPS]
+    try:
+        check_batches(batches, PAD_ID)
+    except ValueError:  # the checks' own contract; here it is the corpus's doing
+        raise NmtError(f"the train split gives verify no batch with padding on both sides: "
+                       f"in each of its {len(batches)} batches, the first {CHECK_ROWS} sentences "
+                       "of a side are all one length (fix: a train split whose sentences vary "
+                       "in length; check the corpus's train files, then re-run nmt download "
+                       "and nmt tokenize)") from None
+    return batches
 
 
 def verify(settings: dict, paths: Paths) -> bool:
