@@ -20,7 +20,7 @@ from nmt.core.errors import NmtError
 from nmt.core.files import read_json
 from nmt.core.runs import Run
 from nmt.core.runtime import pick_device
-from nmt.core.text import tokenize_lines
+from nmt.core.text import first_words, tokenize_lines
 from nmt.core.unknowns import detokenize_outputs
 from nmt.pipeline.recipes import resolve
 
@@ -112,9 +112,13 @@ class Source:
 
 
 def encode_lines(lines: list[str], src_codec, max_len: int) -> list[Source | None]:
-    """Each line as a Source, None for an empty line; over-long lines are cut with a warning."""
+    """Each line as a Source, None for an empty line; over-long lines are cut with a warning.
+    Only the words that the tokens kept can come from are tokenized (first_words): a line of
+    megabytes costs what one of max_len words does, and gives the same tokens."""
+    limit = max_len - 2  # positions beside <bos> and <eos>
     texts = [line.strip() for line in lines]
-    nonempty = [t for t in texts if t]
+    heads = [first_words(text, limit) for text in texts]
+    nonempty = [head for head in heads if head]
     if src_codec.kind == "word":  # word vocabularies hold spaCy tokens
         written = tokenize_lines(nonempty, src_codec.lang, progress=False)
         encoded = iter(zip([src_codec.encode(tokens) for tokens in written], written,
@@ -123,12 +127,14 @@ def encode_lines(lines: list[str], src_codec, max_len: int) -> list[Source | Non
         encoded = iter(zip([src_codec.encode(text) for text in nonempty],
                            [src_codec.surfaces(text) for text in nonempty], strict=True))
     out = []
-    for n, text in enumerate(texts, 1):
-        ids, surfaces = next(encoded) if text else ([], [])
-        if len(ids) > max_len - 2:
-            log.warning("line %d: %d tokens, cut to the model's limit of %d", n, len(ids),
-                        max_len - 2)
-            ids, surfaces = ids[: max_len - 2], surfaces[: max_len - 2]
+    for n, (text, head) in enumerate(zip(texts, heads, strict=True), 1):
+        ids, surfaces = next(encoded) if head else ([], [])
+        if len(head) < len(text):  # words past the limit were never tokenized
+            log.warning("line %d: over %d tokens (%d characters), cut to the model's limit of "
+                        "%d", n, limit, len(text), limit)
+        elif len(ids) > limit:
+            log.warning("line %d: %d tokens, cut to the model's limit of %d", n, len(ids), limit)
+        ids, surfaces = ids[:limit], surfaces[:limit]
         out.append(Source([BOS_ID, *ids, EOS_ID], list(surfaces)) if ids else None)
     return out
 
