@@ -258,6 +258,11 @@ def on_sigterm(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     """The `nmt` command (argv None: this process is it) or one call of it (argv given)."""
     keep_freed_memory()
+    try:  # before the parser imports the stages, and so torch, whose libgomp would only warn
+        commandline.omp_threads()
+    except NmtError as e:
+        print(f"nmt: error: {e}", file=sys.stderr)
+        return e.exit_code
     args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
