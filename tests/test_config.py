@@ -11,6 +11,7 @@ import yaml
 
 from conftest import REPO, edit_params
 from nmt.cli import build_parser, main
+from nmt.core.decoding import MAX_BEAM
 from nmt.core.errors import NmtError
 from nmt.core.runs import Run
 from nmt.pipeline.commandline import thread_count, usable_cores
@@ -76,6 +77,11 @@ def test_repository_params_are_valid():
         ({"recipes": {"published": {}, "x": {"step_of": "published", "adds": "a",
                                              "ablation_of": "published", "removes": "b"}}},
          "recipes.x: a recipe builds on one other"),
+        # The widest beam, nmt.core.decoding.MAX_BEAM (a beam of 10000 was accepted).
+        ({"evaluate": {"beam_size": 10000}},
+         "evaluate.beam_size: 10000 is greater than the maximum of 100"),
+        ({"recipes": {"published": {}, "wide": {"evaluate": {"beam_size": 101}}}},
+         "recipes.wide.evaluate.beam_size: 101 is greater than the maximum of 100"),
     ],
 )
 def test_bad_params_name_the_key_and_the_fix(params_file, edit, expected):
@@ -85,6 +91,12 @@ def test_bad_params_name_the_key_and_the_fix(params_file, edit, expected):
     message = str(err.value)
     assert expected in message
     assert "fix:" in message and "\n" not in message
+
+
+def test_the_schema_bounds_the_beam_where_decoding_does():
+    """evaluate.beam_size's maximum is MAX_BEAM, which nmt translate --beam is held to too."""
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "params.schema.yaml").read_text())
+    assert schema["$defs"]["evaluate"]["properties"]["beam_size"]["maximum"] == MAX_BEAM
 
 
 def test_missing_key_and_broken_yaml(params_file):

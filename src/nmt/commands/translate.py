@@ -14,7 +14,7 @@ import torch
 
 from nmt.core.checkpoint import check_vocab, load
 from nmt.core.codecs import BOS_ID, EOS_ID, load_codecs
-from nmt.core.decoding import DecodeConfig, translate_batches
+from nmt.core.decoding import MAX_BEAM, DecodeConfig, translate_batches
 from nmt.core.engine import check_export, damaged_export, open_engine, tokens_of
 from nmt.core.errors import NmtError
 from nmt.core.files import read_json
@@ -147,9 +147,9 @@ def translate_cli(args, params: dict) -> None:
     recipe = translator.recipe
     ev = resolve(params, recipe)["evaluate"] if recipe in params["recipes"] else params["evaluate"]
     beam = ev["beam_size"] if args.beam is None else args.beam
-    if beam < 1:
-        raise NmtError(f"--beam {beam}: a beam holds at least one hypothesis "
-                       "(fix: --beam 1 or more)")
+    if not 1 <= beam <= MAX_BEAM:
+        raise NmtError(f"--beam {beam}: a beam holds 1 to {MAX_BEAM} hypotheses (fix: --beam 1 "
+                       f"to {MAX_BEAM}; 1 is greedy)")
     # Copying an <unk> from the source reads our model's attention; an export has none to give.
     unknown_words = ev["unknown_words"] if translator.model is not None else "mark"
 
@@ -158,7 +158,8 @@ def translate_cli(args, params: dict) -> None:
     log.info("translating %d lines with %s (beam %d; unknown words: %s)", len(todo),
              translator.name, beam, unknown_words)
     dc = DecodeConfig.from_params(ev, "beam" if beam > 1 else "greedy", translator.max_len - 1,
-                                  beam_size=beam)
+                                  beam_size=beam,
+                                  beam_key="evaluate.beam_size" if args.beam is None else "--beam")
     source_ids = [s.ids for s in todo]
     text = detokenize_outputs(translator.model, source_ids, [s.surfaces for s in todo],
                               translator.translate(source_ids, dc), translator.tgt_codec,
