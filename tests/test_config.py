@@ -1,5 +1,6 @@
 """params.yaml validation: every bad value stops with one line naming the key and the fix."""
 
+import argparse
 import os
 import subprocess
 import sys
@@ -9,9 +10,11 @@ import torch
 import yaml
 
 from conftest import REPO, edit_params
-from nmt.cli import main
+from nmt.cli import build_parser, main
+from nmt.core.decoding import MAX_BEAM
 from nmt.core.errors import NmtError
 from nmt.core.runs import Run
+from nmt.pipeline.commandline import thread_count, usable_cores
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 
@@ -74,6 +77,11 @@ def test_repository_params_are_valid():
         ({"recipes": {"published": {}, "x": {"step_of": "published", "adds": "a",
                                              "ablation_of": "published", "removes": "b"}}},
          "recipes.x: a recipe builds on one other"),
+        # The widest beam, nmt.core.decoding.MAX_BEAM (a beam of 10000 was accepted).
+        ({"evaluate": {"beam_size": 10000}},
+         "evaluate.beam_size: 10000 is greater than the maximum of 100"),
+        ({"recipes": {"published": {}, "wide": {"evaluate": {"beam_size": 101}}}},
+         "recipes.wide.evaluate.beam_size: 101 is greater than the maximum of 100"),
     ],
 )
 def test_bad_params_name_the_key_and_the_fix(params_file, edit, expected):
@@ -83,6 +91,12 @@ def test_bad_params_name_the_key_and_the_fix(params_file, edit, expected):
     message = str(err.value)
     assert expected in message
     assert "fix:" in message and "\n" not in message
+
+
+def test_the_schema_bounds_the_beam_where_decoding_does():
+    """evaluate.beam_size's maximum is MAX_BEAM, which nmt translate --beam is held to too."""
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "params.schema.yaml").read_text())
+    assert schema["$defs"]["evaluate"]["properties"]["beam_size"]["maximum"] == MAX_BEAM
 
 
 def test_missing_key_and_broken_yaml(params_file):
@@ -247,6 +261,70 @@ def test_threads_are_at_most_the_cores_the_process_may_use():
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True, preexec_fn=lambda b=bound: os.sched_setaffinity(0, b))
         assert proc.stdout.split() == [str(expected)], proc.stderr
+
+
+def commands_with_threads() -> dict:
+    """Every `nmt` subcommand that takes --threads, with the options it requires."""
+    parser = build_parser([])
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = {}
+    for name, sub in commands.choices.items():
+        options = {o for a in sub._actions for o in a.option_strings}
+        if "--threads" in options:
+            out[name] = ["--model", "scratch"] if "--model" in options else []
+    return out
+
+
+def test_every_command_with_threads_refuses_fewer_than_one_in_one_line(tmp_path, monkeypatch,
+                                                                       capsys):
+    """--threads -3 or 0 quietly became one thread (or one tokenize process); now every command
+    that takes it says so before it reads anything."""
+    commands = commands_with_threads()
+    assert {"tokenize", "verify", "train", "evaluate", "export", "bench", "translate"} <= set(
+        commands)
+    monkeypatch.chdir(tmp_path)
+    fix = f"(fix: --threads 1 to {usable_cores()}, the cores this process may use)"
+    for name, required in commands.items():
+        for threads in ("-3", "0"):
+            argv = ["--params", str(REPO / "params.yaml"), name, *required, "--threads", threads]
+            assert main(argv) == 2, name
+            assert capsys.readouterr().err == (f"nmt {name}: error: --threads {threads}: a count "
+                                               f"of threads is 1 or more {fix}\n")
+    assert main(["--params", str(REPO / "params.yaml"), "bench", "--data", "--threads", "-1"]) == 2
+    assert "--threads -1: a count of threads is 1 or more" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["abc", "", "0", "-3", "2.5", "4,x", "٣"])
+def test_an_omp_num_threads_openmp_cannot_read_is_one_line(value, monkeypatch, capsys):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert main(["--params", str(REPO / "params.yaml"), "evaluate", "--model", "scratch"]) == 2
+    assert capsys.readouterr().err == (
+        f"nmt: error: OMP_NUM_THREADS={value!r} is not a count of threads (fix: a whole number "
+        "of 1 or more, e.g. OMP_NUM_THREADS=4, or unset it)\n")
+
+
+def test_omp_num_threads_is_read_as_openmp_reads_it(monkeypatch):
+    """A list (a count for each level of nesting): torch runs on the first; spaces and a plus
+    sign are OpenMP's too."""
+    for value, wanted in (("4,2", 4), (" 3 ", 3), ("+2", 2), ("1", 1)):
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        assert thread_count(None) == min(wanted, usable_cores())
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert thread_count(None) is None and thread_count(1) == 1
+
+
+def test_a_bad_omp_num_threads_is_refused_before_torch_is_imported(tmp_path):
+    """libgomp reads OMP_NUM_THREADS when torch is imported; a value it cannot read gets its own
+    warning and is ignored. nmt checks first, so its line is the only one."""
+    env = {**os.environ, "OMP_NUM_THREADS": "abc", "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "-m", "nmt", "--params", str(REPO / "params.yaml"),
+                           "evaluate", "--model", "scratch"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "nmt: error: OMP_NUM_THREADS='abc' is not a count of threads (fix: a whole number of 1 or "
+        "more, e.g. OMP_NUM_THREADS=4, or unset it)"], proc.stderr
 
 
 def test_nmt_stages_checks_writes_and_names_each_stale_file(tmp_path, monkeypatch, capsys):

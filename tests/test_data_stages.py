@@ -14,7 +14,15 @@ from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID, SPECIALS, load_codecs
 from nmt.core.data import Batches, load_pairs, padding_fraction, sentence_batches, token_batches
 from nmt.core.errors import NmtError
 from nmt.core.records import RECORD, read_sums
-from nmt.core.text import detokenize, read_lines, read_tokens, tokenize_lines
+from nmt.core.text import (
+    detokenize,
+    first_words,
+    read_lines,
+    read_tokens,
+    tokenize_lines,
+    tokenizer,
+    words,
+)
 from nmt.pipeline.params import load_params
 from nmt.stages.download import SUMS, download, sha256
 from nmt.stages.download import Paths as DownloadPaths
@@ -111,6 +119,41 @@ def test_spacy_tokens():
     assert de == [["Ein", "Mann", "fährt", "mit", "dem", "Fahrrad", "."]]
     assert en == [["A", "man", "'s", "T", "-", "shirt", ",", "is", "n't", "it", "?"]]
     assert detokenize(en[0]) == "A man's T-shirt, isn't it?"
+
+
+def test_a_line_over_spacys_max_length_tokenizes_and_the_files_stay_aligned(prepared, tmp_path):
+    """spaCy refuses a text over nlp.max_length, 1,000,000 characters (E088), a guard for its
+    parser's memory that a tokenizer alone does not need: such a line in a corpus gets its
+    tokens like any other, on its own line of the .tok file."""
+    raw = tmp_path / "raw"  # edited below, so made without download's record
+    shutil.copytree(prepared["raw"], raw, ignore=shutil.ignore_patterns(RECORD))
+    lines = gzip.decompress((raw / "val.de.gz").read_bytes()).split(b"\n")
+    sentence = ["Ein", "Hund", "läuft", "über", "die", "Wiese", "."]
+    lines[2] = " ".join(sentence * 40_000).encode()  # 1.28 million characters
+    (raw / "val.de.gz").write_bytes(gzip.compress(b"\n".join(lines)))
+    data = DATA | {"max_train_pairs": 10, "max_test_pairs": 10}
+    stats = tokenize({"data": data, "tokenize": TOKENIZE}, TokenizePaths(raw, tmp_path / "tok"))
+    de = read_tokens(tmp_path / "tok" / "val.de.tok")
+    assert len(de) == len(read_lines(tmp_path / "tok" / "val.en.tok")) == 1014
+    assert de[2] == sentence * 40_000 and de[3] == tokenize_lines([lines[3].decode()], "de")[0]
+    assert stats["val.de"]["max_len"] == 7 * 40_000
+
+
+def test_the_first_words_of_a_line_give_its_first_tokens(prepared):
+    """nmt translate tokenizes only the words a model can read of a line (first_words): their
+    tokens must be the whole line's first ones, spaCy's and SentencePiece's, whatever the
+    whitespace between them."""
+    spaces = [" ", "  ", "\t", "\u00a0", " \u2009 "]
+    sentences = read_lines(prepared["tokenized"] / "val.de.txt")
+    line = "".join(s + spaces[i % len(spaces)] for i, s in enumerate(sentences)).strip()
+    nlp, bpe = tokenizer("de"), load_codecs(prepared["bpe"])[0]
+    whole = {"spacy": next(words(nlp, [line])), "bpe": bpe.encode(line)}
+    for n in (1, 7, 100, 5000):
+        head = first_words(line, n)
+        assert len(head) < len(line) and not head[-1].isspace()
+        for kind, tokens in (("spacy", next(words(nlp, [head]))), ("bpe", bpe.encode(head))):
+            assert len(tokens) >= n and tokens == whole[kind][: len(tokens)], (kind, n)
+    assert first_words(line, 10**6) == line
 
 
 def test_detokenize_restores_the_references(prepared):

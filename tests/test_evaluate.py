@@ -180,3 +180,58 @@ def test_a_vocabulary_that_does_not_fit_the_checkpoint_is_refused(prepared, tmp_
     (tmp_path / "vocab" / "published").symlink_to(prepared["word"])
     assert main(argv) == 2
     assert "source/target tokens" in capsys.readouterr().err
+
+
+# --- out of memory while decoding, and the beam's bound -------------------------------------------
+
+def out_of_memory(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def oom_line(command: str, fix: str) -> str:
+    return (f"nmt {command}: error: out of GPU memory: an allocation of 2.00 GiB failed (fix: "
+            f"{fix}; then run the same command again)\n")
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam_search"])
+def test_evaluate_out_of_memory_names_what_the_search_holds(prepared, tokenized, tmp_path,
+                                                             params_file, capsys, monkeypatch,
+                                                             search):
+    """The line named evaluate.batch_size alone, even where a beam of 10000 ran out: in beam
+    search it names the beam too, with the hypotheses a batch holds."""
+    save_run(tmp_path / "results" / "published-scratch-s0", "scratch", "published",
+             prepared["word"])
+    edit_params(params_file, model=asdict(TINY), evaluate=tiny_params()["evaluate"])
+    monkeypatch.setattr(f"nmt.core.decoding.{search}", out_of_memory)
+    argv = ["--params", str(params_file), "evaluate", "--model", "scratch", "--results",
+            str(tmp_path / "results"), "--tokenized", str(tokenized), "--vocab",
+            str(prepared["word"])]
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # after the progress bar, cleared with "\r"
+    assert err.count("\n") == 1 and err.split("\r")[-1] == oom_line("evaluate", {
+        "greedy": "a smaller evaluate.batch_size",
+        "beam_search": "a smaller evaluate.beam_size or evaluate.batch_size: beam search holds "
+                       "3 x 32 hypotheses at once"}[search])
+    assert not (tmp_path / "results" / "published-scratch-s0" / "translations").exists()
+
+
+def test_translate_out_of_memory_names_the_beam_it_was_given(prepared, tmp_path, capsys,
+                                                              monkeypatch):
+    save_run(tmp_path / "run", "scratch", "published", prepared["word"])
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "published").symlink_to(prepared["word"])
+    argv = ["--params", str(REPO / "params.yaml"), "translate", "--checkpoint",
+            str(tmp_path / "run" / "best.pt"), "--vocab", str(tmp_path / "vocab"), "Hallo"]
+    batch = load_params(REPO / "params.yaml")["evaluate"]["batch_size"]
+    monkeypatch.setattr("nmt.core.decoding.beam_search", out_of_memory)
+    assert main(argv + ["--beam", "7"]) == 2
+    assert capsys.readouterr().err == oom_line(
+        "translate", f"a smaller --beam or evaluate.batch_size: beam search holds 7 x {batch} "
+                     "hypotheses at once")
+    assert main(argv) == 2  # the beam from params.yaml
+    assert "a smaller evaluate.beam_size or evaluate.batch_size" in capsys.readouterr().err
+    for beam in ("0", "101"):
+        assert main(argv + ["--beam", beam]) == 2
+        assert capsys.readouterr().err == (f"nmt translate: error: --beam {beam}: a beam holds "
+                                           "1 to 100 hypotheses (fix: --beam 1 to 100; 1 is "
+                                           "greedy)\n")

@@ -321,6 +321,23 @@ def test_latin1_bytes_in_argv_in_a_real_process(prepared, word_checkpoint):
         ""]
 
 
+def test_a_line_of_megabytes_is_cut_to_the_model_before_spacy_reads_it(
+        prepared, word_checkpoint, tmp_path, capsys, caplog):
+    """spaCy refuses a text over 1,000,000 characters (E088). Only the words the model can read
+    are tokenized: the translation is that of the line's first words, with one warning."""
+    sentence = "Ein Hund läuft über die Wiese ."  # 7 words, 7 tokens
+    huge = " ".join([sentence] * 160_000)  # 5.1 million characters
+    (tmp_path / "in.txt").write_text(f"{huge}\nGut.\n", "utf-8")
+    argv = translate_argv(word_checkpoint, prepared["word"].parent, "--beam", "1")
+    assert main(argv + ["--file", str(tmp_path / "in.txt")]) == 0
+    out = capsys.readouterr().out
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"line 1: over 30 tokens ({len(huge)} characters), cut to the model's "
+                        "limit of 30"]
+    assert main(argv + [" ".join([sentence] * 5), "Gut."]) == 0  # 35 tokens, cut to 30
+    assert out == capsys.readouterr().out and out.count("\n") == 2
+
+
 # --- params.yaml: the YAML 1.1 exponent gotcha -----------------------------------------------
 
 @pytest.mark.parametrize("written,expected", [

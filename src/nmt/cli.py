@@ -35,7 +35,7 @@ from nmt.pipeline.recipes import resolve
 # (nmt.pipeline.orchestrators).
 STAGES = tuple(sorted(m.name for m in pkgutil.iter_modules(nmt.stages.__path__)))
 # What to make smaller when a command that is no stage runs out of memory; a stage says its
-# own (MEMORY_FIX in its module).
+# own (MEMORY_FIX in its module); decoding names its batch and beam (core.errors.memory_fix).
 MEMORY_FIX = {"translate": "a smaller evaluate.batch_size, or fewer sentences at once"}
 
 
@@ -258,6 +258,11 @@ def on_sigterm(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     """The `nmt` command (argv None: this process is it) or one call of it (argv given)."""
     keep_freed_memory()
+    try:  # before the parser imports the stages, and so torch, whose libgomp would only warn
+        commandline.omp_threads()
+    except NmtError as e:
+        print(f"nmt: error: {e}", file=sys.stderr)
+        return e.exit_code
     args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
@@ -297,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         what = out_of_memory(e)
         if what is None:
             raise
-        fix = MEMORY_FIX.get(args.stage) or said(args.stage, "MEMORY_FIX",
-                                                 "free memory, or run it where there is more")
+        fix = getattr(e, "memory_fix", None) or MEMORY_FIX.get(args.stage) or said(
+            args.stage, "MEMORY_FIX", "free memory, or run it where there is more")
         print(f"nmt {args.stage}: error: out of {what} (fix: {fix}; then run the same command "
               "again)", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ import torch
 
 from nmt.core.checkpoint import check_vocab, load
 from nmt.core.codecs import BOS_ID, EOS_ID, load_codecs
-from nmt.core.decoding import DecodeConfig, translate_batches
+from nmt.core.decoding import MAX_BEAM, DecodeConfig, translate_batches
 from nmt.core.engine import (
     check_export,
     check_export_vocab,
@@ -25,7 +25,7 @@ from nmt.core.engine import (
 from nmt.core.errors import NmtError
 from nmt.core.runs import Run
 from nmt.core.runtime import pick_device
-from nmt.core.text import tokenize_lines
+from nmt.core.text import first_words, tokenize_lines
 from nmt.core.unknowns import detokenize_outputs
 from nmt.pipeline.recipes import resolve
 
@@ -117,9 +117,13 @@ class Source:
 
 
 def encode_lines(lines: list[str], src_codec, max_len: int) -> list[Source | None]:
-    """Each line as a Source, None for an empty line; over-long lines are cut with a warning."""
+    """Each line as a Source, None for an empty line; over-long lines are cut with a warning.
+    Only the words that the tokens kept can come from are tokenized (first_words): a line of
+    megabytes costs what one of max_len words does, and gives the same tokens."""
+    limit = max_len - 2  # positions beside <bos> and <eos>
     texts = [line.strip() for line in lines]
-    nonempty = [t for t in texts if t]
+    heads = [first_words(text, limit) for text in texts]
+    nonempty = [head for head in heads if head]
     if src_codec.kind == "word":  # word vocabularies hold spaCy tokens
         written = tokenize_lines(nonempty, src_codec.lang, progress=False)
         encoded = iter(zip([src_codec.encode(tokens) for tokens in written], written,
@@ -128,12 +132,14 @@ def encode_lines(lines: list[str], src_codec, max_len: int) -> list[Source | Non
         encoded = iter(zip([src_codec.encode(text) for text in nonempty],
                            [src_codec.surfaces(text) for text in nonempty], strict=True))
     out = []
-    for n, text in enumerate(texts, 1):
-        ids, surfaces = next(encoded) if text else ([], [])
-        if len(ids) > max_len - 2:
-            log.warning("line %d: %d tokens, cut to the model's limit of %d", n, len(ids),
-                        max_len - 2)
-            ids, surfaces = ids[: max_len - 2], surfaces[: max_len - 2]
+    for n, (text, head) in enumerate(zip(texts, heads, strict=True), 1):
+        ids, surfaces = next(encoded) if head else ([], [])
+        if len(head) < len(text):  # words past the limit were never tokenized
+            log.warning("line %d: over %d tokens (%d characters), cut to the model's limit of "
+                        "%d", n, limit, len(text), limit)
+        elif len(ids) > limit:
+            log.warning("line %d: %d tokens, cut to the model's limit of %d", n, len(ids), limit)
+        ids, surfaces = ids[:limit], surfaces[:limit]
         out.append(Source([BOS_ID, *ids, EOS_ID], list(surfaces)) if ids else None)
     return out
 
@@ -146,9 +152,9 @@ def translate_cli(args, params: dict) -> None:
     recipe = translator.recipe
     ev = resolve(params, recipe)["evaluate"] if recipe in params["recipes"] else params["evaluate"]
     beam = ev["beam_size"] if args.beam is None else args.beam
-    if beam < 1:
-        raise NmtError(f"--beam {beam}: a beam holds at least one hypothesis "
-                       "(fix: --beam 1 or more)")
+    if not 1 <= beam <= MAX_BEAM:
+        raise NmtError(f"--beam {beam}: a beam holds 1 to {MAX_BEAM} hypotheses (fix: --beam 1 "
+                       f"to {MAX_BEAM}; 1 is greedy)")
     # Copying an <unk> from the source reads our model's attention; an export has none to give.
     unknown_words = ev["unknown_words"] if translator.model is not None else "mark"
 
@@ -157,7 +163,8 @@ def translate_cli(args, params: dict) -> None:
     log.info("translating %d lines with %s (beam %d; unknown words: %s)", len(todo),
              translator.name, beam, unknown_words)
     dc = DecodeConfig.from_params(ev, "beam" if beam > 1 else "greedy", translator.max_len - 1,
-                                  beam_size=beam)
+                                  beam_size=beam,
+                                  beam_key="evaluate.beam_size" if args.beam is None else "--beam")
     source_ids = [s.ids for s in todo]
     text = detokenize_outputs(translator.model, source_ids, [s.surfaces for s in todo],
                               translator.translate(source_ids, dc), translator.tgt_codec,

@@ -22,8 +22,14 @@ from tqdm import tqdm
 
 from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
 from nmt.core.data import pad
+from nmt.core.errors import memory_fix
 
 CHECK_EVERY = 4  # steps between "is every sentence done?" checks, each a host-device sync
+# The widest beam (evaluate.beam_size's maximum in the schema, nmt translate --beam's): a batch
+# of beam search holds beam_size x evaluate.batch_size hypotheses (100 x 128 = 12,800 at the
+# default batch), and beams much wider than about 10 lower BLEU (Koehn and Knowles 2017, "Six
+# Challenges for Neural Machine Translation"), so a wider one is a typo, not a search.
+MAX_BEAM = 100
 
 
 def output_limits(src_lens, a: float, b: int, cap: int | None = None) -> list[int]:
@@ -166,12 +172,29 @@ class DecodeConfig:
     max_len_b: int = 10
     cap: int | None = None  # ... and at most cap (the model's max_len - 1)
     batch_size: int = 128
+    # The settings batch_size and beam_size came from, which an out-of-memory line names
+    # (shrink); empty where they were set in code (train's validation decoding).
+    batch_key: str = ""
+    beam_key: str = ""
 
     @classmethod
     def from_params(cls, ev: dict, method: str, cap: int | None, **overrides) -> DecodeConfig:
-        """From an `evaluate:` section; overrides win (e.g. beam_size from the command line)."""
+        """From an `evaluate:` section; overrides win (e.g. beam_size from the command line,
+        with beam_key naming it)."""
         keys = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "batch_size")
-        return cls(method=method, cap=cap, **({k: ev[k] for k in keys} | overrides))
+        named = {"batch_key": "evaluate.batch_size", "beam_key": "evaluate.beam_size"}
+        return cls(method=method, cap=cap, **({k: ev[k] for k in keys} | named | overrides))
+
+    def shrink(self) -> str | None:
+        """What to make smaller when decoding runs out of memory: the batch, and in beam
+        search the beam, since each of the batch's sentences holds beam_size hypotheses.
+        None where the sizes were set in code: the command's own MEMORY_FIX applies."""
+        if not self.batch_key:
+            return None
+        if self.method == "beam" and self.beam_size > 1:
+            return (f"a smaller {self.beam_key} or {self.batch_key}: beam search holds "
+                    f"{self.beam_size} x {self.batch_size} hypotheses at once")
+        return f"a smaller {self.batch_key}"
 
 
 def translate_batches(model, sources, dc: DecodeConfig, desc: str = "",
@@ -187,20 +210,21 @@ def translate_batches(model, sources, dc: DecodeConfig, desc: str = "",
     # Longest first: little padding per batch, and an out-of-memory error shows at once.
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     outputs: list[list[int]] = [[] for _ in sources]
-    bar = tqdm(total=len(sources), desc=desc or dc.method, unit="sent", leave=False,
-               disable=not progress)
-    for start in range(0, len(order), dc.batch_size):
-        idx = order[start : start + dc.batch_size]
-        src = pad([sources[i] for i in idx]).to(device)
-        limits = output_limits([len(sources[i]) - 2 for i in idx], dc.max_len_a, dc.max_len_b,
-                               dc.cap)
-        limits = torch.tensor(limits, device=device)
-        if dc.method == "greedy":
-            hyps = greedy(model, src, limits)
-        else:
-            hyps = beam_search(model, src, dc.beam_size, dc.length_penalty, limits)
-        for i, h in zip(idx, hyps, strict=True):
-            outputs[i] = h
-        bar.update(len(idx))
-    bar.close()
+    # The bar is closed on an error too (leave=False: cleared), so the error's line starts a
+    # line of its own.
+    with tqdm(total=len(sources), desc=desc or dc.method, unit="sent", leave=False,
+              disable=not progress) as bar, memory_fix(dc.shrink()):
+        for start in range(0, len(order), dc.batch_size):
+            idx = order[start : start + dc.batch_size]
+            src = pad([sources[i] for i in idx]).to(device)
+            limits = output_limits([len(sources[i]) - 2 for i in idx], dc.max_len_a,
+                                   dc.max_len_b, dc.cap)
+            limits = torch.tensor(limits, device=device)
+            if dc.method == "greedy":
+                hyps = greedy(model, src, limits)
+            else:
+                hyps = beam_search(model, src, dc.beam_size, dc.length_penalty, limits)
+            for i, h in zip(idx, hyps, strict=True):
+                outputs[i] = h
+            bar.update(len(idx))
     return outputs

@@ -51,8 +51,22 @@ def out_of_memory(error: BaseException) -> str | None:
                                                      "out of memory" in text.lower()):
         return None
     where = "GPU memory" if "CUDA" in text or "GPU" in text else "memory"
-    asked = re.search(r"tried to allocate ([\d.]+ ?[KMGT]?i?B|\d+ bytes)", text)
+    # torch's CPU allocator: "you tried to allocate 2147483648 bytes"; CUDA's: "Tried to ..."
+    asked = re.search(r"tried to allocate ([\d.]+ ?[KMGT]?i?B|\d+ bytes)", text, re.IGNORECASE)
     return f"{where}: an allocation of {asked.group(1)} failed" if asked else where
+
+
+@contextmanager
+def memory_fix(fix: str | None) -> Iterator[None]:
+    """Inside, an out-of-memory error carries what to make smaller there (`fix`), which the
+    CLI's line names instead of its command's MEMORY_FIX: decoding's batch and beam rather
+    than a stage's every setting. The innermost one wins; None adds nothing."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        if fix and out_of_memory(e) is not None and not hasattr(e, "memory_fix"):
+            e.memory_fix = fix
+        raise
 
 
 class Completion:

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import re
 import signal
+import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -24,10 +25,35 @@ from nmt.core.records import verified
 
 
 def tokenizer(lang: str):
-    """spaCy's rule-based tokenizer alone: no model download, same tokens everywhere."""
+    """spaCy's rule-based tokenizer alone: no model download, same tokens everywhere.
+
+    Without a length limit: spaCy's nlp.max_length (1,000,000 characters) guards its parser's
+    and NER's memory, about 1 GB per 100,000 characters, and a tokenizer alone needs no such
+    guard. Its memory grows with the line, about 45 bytes a character (231 MB for a 5 MB
+    line), so a line of megabytes in a corpus is tokenized like any other and the .tok files
+    stay line for line with the .txt. nmt translate passes only the words its model can read
+    (first_words)."""
     import spacy  # imported here: the GPU machine runs train/evaluate without spaCy
 
-    return spacy.blank(lang)
+    nlp = spacy.blank(lang)
+    nlp.max_length = sys.maxsize
+    return nlp
+
+
+_WORD = re.compile(r"\S+")  # what spaCy and SentencePiece split a text into before tokenizing
+
+
+def first_words(text: str, n: int) -> str:
+    """The text up to the end of its n-th word (a run of non-whitespace), or all of it.
+
+    spaCy splits a text at whitespace and tokenizes each word on its own into one token or
+    more, and SentencePiece's pieces never cross whitespace, so the tokens of these words are
+    the first tokens of the whole text, at least n of them: a model that reads n tokens of a
+    line costs what n words do, however long the line. (SentencePiece gives no piece for a
+    word of characters its normalizer drops, control or zero-width ones alone: a line of
+    many such words keeps fewer.)"""
+    words = list(islice(_WORD.finditer(text), n + 1))
+    return text if len(words) <= n else text[: words[n - 1].end()]
 
 
 def words(nlp, lines: Iterable[str], batch_size: int = 1000) -> Iterator[list[str]]:

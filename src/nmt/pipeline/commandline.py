@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
+from nmt.core.errors import NmtError
 from nmt.core.runs import MODEL_NAMES
 
 RAW, TOKENIZED, VOCAB, RESULTS, REPORTS, EXPORTS = (
@@ -85,10 +87,32 @@ def thread_count(threads: int | None) -> int | None:
     processes torchrun starts get theirs that way); None: neither is given. The declaration's
     `threads:` reaches every torch stage as --threads, under DVC and Snakemake alike, so both
     give the same numbers."""
-    if threads is None and not os.environ.get("OMP_NUM_THREADS"):
+    wanted = omp_threads() if checked_threads(threads) is None else threads
+    return None if wanted is None else min(wanted, usable_cores())
+
+
+def checked_threads(threads: int | None) -> int | None:
+    """--threads as given (None: not given), refused unless it is 1 or more: torch's threads,
+    or tokenize's processes, which would otherwise quietly become one."""
+    if threads is not None and threads < 1:
+        raise NmtError(f"--threads {threads}: a count of threads is 1 or more (fix: --threads 1 "
+                       f"to {usable_cores()}, the cores this process may use)")
+    return threads
+
+
+def omp_threads() -> int | None:
+    """OMP_NUM_THREADS's count of threads, None when unset. OpenMP reads a list, a count for
+    each level of nesting ("4,2"), and torch runs on the first. A value OpenMP cannot read
+    (libgomp prints a warning at torch's import and runs on its own count) is refused:
+    nmt.cli checks it before any stage imports torch."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is None:
         return None
-    wanted = threads if threads is not None else int(os.environ["OMP_NUM_THREADS"])
-    return max(1, min(wanted, usable_cores()))
+    counts = value.split(",")
+    if not all(re.fullmatch(r"\s*\+?[0-9]+\s*", c) and int(c) > 0 for c in counts):
+        raise NmtError(f"OMP_NUM_THREADS={value!r} is not a count of threads (fix: a whole "
+                       "number of 1 or more, e.g. OMP_NUM_THREADS=4, or unset it)")
+    return int(counts[0])
 
 
 def torch_threads() -> int:

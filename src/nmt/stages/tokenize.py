@@ -145,4 +145,5 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args, params: dict) -> None:
-    tokenize(corpus_settings(params), Paths(raw=args.raw, out=args.out), args.processes)
+    tokenize(corpus_settings(params), Paths(raw=args.raw, out=args.out),
+             commandline.checked_threads(args.processes))
