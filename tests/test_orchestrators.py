@@ -296,6 +296,7 @@ def test_a_damaged_cache_object_is_refused_under_each_tool_and_each_recovers(tra
     it as it is (DVC trusts its cache), and `dvc repro -f -s vocab@published` built it into
     the vocabulary. Now the reader checks it against data/tokenized/SHA256SUMS: one line
     under DVC and Snakemake alike, and the re-run it names repairs the cache too."""
+    run(["dvc", "repro", "config@published"], trained)  # a test before may leave it deleted
     tok = trained / "data" / "tokenized" / "train.en.tok"
     intact = tok.read_bytes()
     md5 = hashlib.md5(intact).hexdigest()

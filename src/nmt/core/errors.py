@@ -52,7 +52,7 @@ def out_of_memory(error: BaseException) -> str | None:
         return None
     where = "GPU memory" if "CUDA" in text or "GPU" in text else "memory"
     # torch's CPU allocator: "you tried to allocate 2147483648 bytes"; CUDA's: "Tried to ..."
-    asked = re.search(r"tried to allocate ([\d.]+ ?[KMGT]?i?B|\d+ bytes)", text, re.IGNORECASE)
+    asked = re.search(r"(?i:tried) to allocate (\d+ bytes|[\d.]+ ?[KMGT]?i?B)", text)
     return f"{where}: an allocation of {asked.group(1)} failed" if asked else where
 
 
