@@ -216,15 +216,14 @@ def engine_translator(args) -> Translator:
     folder = Path(args.exports) / run.name
     meta = check_export(folder, run)
     try:
-        recipe, max_len = meta["recipe"], int(meta["max_len"])
         src_codec, tgt_codec = load_codecs(folder / "vocab")
-    except NmtError:
+    except NmtError:  # a line of its own already (a ValueError too)
         raise
-    except (ValueError, KeyError, TypeError) as e:  # a missing key, a bad vocab
+    except (ValueError, KeyError, TypeError) as e:  # a vocabulary file that is no JSON, or odd
         raise damaged_export(folder, run, e) from None
     src_tokens, tgt_tokens = tokens_of(src_codec), tokens_of(tgt_codec)
     check_export_vocab(folder, run, src_tokens, tgt_tokens)
     engine = open_engine(folder, run, src_tokens, tgt_tokens, args.compute_type,
                          threads=torch.get_num_threads())
-    return Translator(f"{folder} ({args.compute_type})", recipe, src_codec, tgt_codec, max_len,
-                      engine.translate, None)
+    return Translator(f"{folder} ({args.compute_type})", meta["recipe"], src_codec, tgt_codec,
+                      meta["max_len"], engine.translate, None)

@@ -132,16 +132,17 @@ def export_command(run) -> str:
 
 
 def check_export(folder: Path, run) -> dict:
-    """The export's nmt.json, once folder holds the run's export as nmt export wrote it; else
-    one line naming the command that writes it: no export, a file that differs from the
-    export's SHA256SUMS (a damaged model.bin, another export's vocab/), or another run's
-    export (folders swapped or copied: nmt.json names the run it holds)."""
+    """The export's nmt.json (its max_len an int), once folder holds the run's export as nmt
+    export wrote it; else one line naming the command that writes it: no export, a file
+    that differs from the export's SHA256SUMS (a damaged model.bin, another export's vocab/),
+    or another run's export (folders swapped or copied: nmt.json names the run it holds)."""
     if not (folder / "nmt.json").is_file() or not (folder / "model.bin").is_file():
         raise NmtError(f"{folder} holds no export (fix: {export_command(run)})")
     check_folder(folder)
     try:
         meta = read_json(folder / "nmt.json")
         held = Run(meta["recipe"], meta["model"], int(meta["seed"]))
+        meta["max_len"] = int(meta["max_len"])
     except (ValueError, KeyError, TypeError) as e:  # broken JSON, a missing key
         raise damaged_export(folder, run, e) from None
     if held != run or meta.get("run") != run.name:

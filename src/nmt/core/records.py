@@ -84,22 +84,23 @@ def verified(path: Path) -> Path:
     record = path.parent / RECORD
     if not record.is_file() or path.name == RECORD or not path.is_file():
         return path  # no record, or nothing to check: the reader's own error says what
-    sums = read_sums(record)
-    if path.name not in sums:
-        raise damaged(path, "it is not listed in", record)
-    if _digest(path) != sums[path.name]:
-        raise damaged(path, "its sha256 differs from the one recorded in", record)
+    check_entry(path, read_sums(record).get(path.name), record)
     return path
 
 
 def check_folder(folder: Path) -> None:
     """Every file folder's record lists is there and has its sha256 (folders without a record
     are not checked): a whole export, or what Snakemake finds when it starts."""
-    folder = Path(folder)
-    record = folder / RECORD
+    record = Path(folder) / RECORD
     for name, digest in read_sums(record).items():
-        path = folder / name
-        if not path.is_file():
-            raise damaged(path, "it is missing, but listed in", record)
-        if _digest(path) != digest:
-            raise damaged(path, "its sha256 differs from the one recorded in", record)
+        check_entry(Path(folder) / name, digest, record)
+
+
+def check_entry(path: Path, digest: str | None, record: Path) -> None:
+    """path is there and has the sha256 `record` lists for it (None: it lists none)."""
+    if digest is None:
+        raise damaged(path, "it is not listed in", record)
+    if not path.is_file():
+        raise damaged(path, "it is missing, but listed in", record)
+    if _digest(path) != digest:
+        raise damaged(path, "its sha256 differs from the one recorded in", record)

@@ -67,9 +67,8 @@ class Run:
         return RunFiles(self.dir(results))
 
     def dvc_stage(self, stage: str) -> str:
-        """The DVC stage that runs `stage` for this run, as dvc.yaml's matrix names it:
-        evaluate@published-scratch-0."""
-        return f"{stage}@{self.recipe}-{self.model}-{self.seed}"
+        """The DVC stage that runs `stage` for this run: evaluate@published-scratch-0."""
+        return dvc_stage(stage, self.recipe, self.model, self.seed)
 
     @classmethod
     def parse(cls, name: str) -> Run:
@@ -79,6 +78,12 @@ class Run:
             raise NmtError(f"run {name!r} is not <recipe>-<model>-s<seed> "
                            "(fix: for example published-scratch-s0)")
         return cls(parts[0], parts[1], int(parts[2][1:]))
+
+
+def dvc_stage(stage: str, *per) -> str:
+    """The name dvc.yaml's matrix gives a stage's job for the values of its `per` dimensions
+    (vocab@published, train@published-scratch-0), which the content records name."""
+    return f"{stage}@{'-'.join(map(str, per))}"
 
 
 def runs(params: dict) -> list[Run]:

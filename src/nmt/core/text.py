@@ -117,20 +117,24 @@ def _tokenize_batch(lines: list[str]) -> list[str]:
     return [" ".join(tokens) for tokens in words(_worker_nlp, lines, len(lines))]
 
 
-def iter_lines(path: Path) -> Iterator[str]:
-    """The lines of a text file one by one, without their newline: what read_lines lists."""
+def readable(path: Path) -> Path:
+    """path, once it exists and matches its folder's SHA256SUMS (verified): what every reader
+    of a line file opens."""
     if not Path(path).is_file():
         raise NmtError(f"{path} is missing (fix: run `nmt tokenize` first)")
-    with open(verified(path), encoding="utf-8") as f:
+    return verified(Path(path))
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """The lines of a text file one by one, without their newline: what read_lines lists."""
+    with open(readable(path), encoding="utf-8") as f:
         for line in f:
             yield line[:-1] if line.endswith("\n") else line
 
 
 def count_lines(path: Path) -> int:
     """Lines of a text file, counted in its bytes (fast, little memory)."""
-    if not Path(path).is_file():
-        raise NmtError(f"{path} is missing (fix: run `nmt tokenize` first)")
-    with open(verified(path), "rb") as f:
+    with open(readable(path), "rb") as f:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
 
 
@@ -144,9 +148,7 @@ def no_text(path: Path, split: str, lines: int) -> NmtError:
 
 
 def read_lines(path: Path) -> list[str]:
-    if not Path(path).is_file():
-        raise NmtError(f"{path} is missing (fix: run `nmt tokenize` first)")
-    return verified(Path(path)).read_text("utf-8").split("\n")[:-1]
+    return readable(path).read_text("utf-8").split("\n")[:-1]
 
 
 def split_tokens(line: str) -> list[str]:

@@ -18,6 +18,7 @@ from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Vocab
 from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.records import write_record
+from nmt.core.runs import dvc_stage
 from nmt.core.text import count_lines, iter_lines, no_text, split_tokens, token_file
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
@@ -143,4 +144,4 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 def command(args, params: dict) -> None:
     build(resolve(params, args.recipe),
           Paths(tokenized=args.tokenized, out=args.out or commandline.VOCAB / args.recipe),
-          stage=f"vocab@{args.recipe}")
+          stage=dvc_stage("vocab", args.recipe))
