@@ -28,12 +28,12 @@ import torch
 from torch._dynamo.utils import counters
 
 from nmt import cli
-from nmt.core import runtime
+from nmt.core import precision as precisions
 from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.data import Batches, load_pairs, pad, padded_length
 from nmt.core.loss import token_loss
 from nmt.core.runs import Run
-from nmt.core.runtime import cpu_features, resolve_compile, resolve_precision
+from nmt.core.runtime import cpu_features, resolve_compile
 from nmt.models import ModelConfig, build_model
 from nmt.stages.evaluate import Paths as EvalPaths
 from nmt.stages.evaluate import evaluate
@@ -186,19 +186,27 @@ def test_the_cpu_report_names_its_native_bf16_instructions():
     assert cpu_features(LAPTOP)["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
-@pytest.mark.parametrize(("cpuinfo", "trains_in"), [(XEON, "bf16"), (LAPTOP, "fp32"),
-                                                    (ARM, "fp32")])
-def test_auto_precision_trains_in_bf16_where_the_cpu_has_it(monkeypatch, cpuinfo, trains_in):
-    """train.precision `auto` on a CPU: bf16 where /proc/cpuinfo lists native bf16, else fp32;
-    decoding (evaluate, train's greedy validation, bench) stays fp32 under `auto` on any CPU.
-    bf16 and fp32 are taken as given, for training and decoding alike."""
-    monkeypatch.setattr(runtime, "proc_cpuinfo", lambda: cpuinfo)
-    cpu = torch.device("cpu")
-    assert runtime.native_bf16_cpu() is (trains_in == "bf16")
-    assert resolve_precision("auto", cpu) == trains_in
-    assert resolve_precision("auto", cpu, decoding=True) == "fp32"
-    for given in ("bf16", "fp32"):
-        assert resolve_precision(given, cpu) == given == resolve_precision(given, cpu, True)
+@pytest.mark.parametrize(("faster", "trains_in", "decodes_in"),
+                         [("bf16", "bf16", "fp32"), ("fp32", "fp32", "bf16")])
+def test_auto_precision_trains_and_decodes_in_what_the_calibration_found_faster(
+        data, tmp_path, monkeypatch, faster, trains_in, decodes_in):
+    """train.precision `auto` on a CPU: training in the precision the calibration of an update
+    found faster, the validation's decoding in the one decoding's found faster (a stand-in
+    calibration, which prefers `faster` for updates and the other for decoding); train.json
+    says which ran and why, with the measured ratio."""
+    def stand_in(workload):
+        wins = faster if workload.kind == "train" else {"bf16": "fp32", "fp32": "bf16"}[faster]
+        return {m: {"fp32": 1.0, "bf16": 0.5 if wins == "bf16" else 2.0} for m in ("scratch",)}
+
+    monkeypatch.setattr(precisions, "measure", stand_in)
+    monkeypatch.setenv(precisions.CACHE_ENV, str(tmp_path))  # no other test's figures
+    summary, _ = fit(data, tmp_path, "auto", precision="auto", epochs=1)
+    assert (summary["precision"], summary["decode_precision"]) == (trains_in, decodes_in)
+    assert summary["bf16_speedup"] == (2.0 if trains_in == "bf16" else 0.5)
+    assert summary["decode_bf16_speedup"] == (2.0 if decodes_in == "bf16" else 0.5)
+    assert re.search(r"auto: an update of the recipe's models took [.0-9]+x as fast in bf16",
+                     summary["precision_reason"])
+    assert summary["decode_precision_reason"].startswith("auto: greedy decoding")
 
 
 def test_compile_auto_compiles_nowhere():

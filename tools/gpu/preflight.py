@@ -45,13 +45,13 @@ from nmt.core.codecs import load_codecs  # noqa: E402
 from nmt.core.data import Batches, load_pairs  # noqa: E402
 from nmt.core.graphs import resolve_cuda_graphs, resolve_pad_multiple  # noqa: E402
 from nmt.core.loss import token_loss  # noqa: E402
+from nmt.core.precision import Workload, choose  # noqa: E402
 from nmt.core.runtime import (  # noqa: E402
     ATTENTION_KERNELS,
     ATTENTION_KERNELS_ENV,
     autocast,
     device_name,
     limit_attention_kernels,
-    resolve_precision,
     seed_everything,
 )
 from nmt.models import ModelConfig, build_model  # noqa: E402
@@ -476,7 +476,8 @@ def load(recipe: str, data: Path, device) -> tuple:
 
 def run(settings, cfg, vocab, batches, device, args) -> dict:
     """Parts A, B and C (those in args.parts) into one report with a verdict."""
-    precision = resolve_precision(settings["train"]["precision"], device)
+    precision = choose(settings["train"]["precision"], device,
+                       Workload.of(settings, *vocab, "train")).precision
     plan = [batches.batch(idx) for idx in batches.indices(1)]
     report = {"environment": environment(device), "precision": precision, "seconds": {},
               "options": {k: v for k, v in vars(args).items() if k != "json"}}

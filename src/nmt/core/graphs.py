@@ -73,14 +73,17 @@ def capturable_adam(params, lr: float, betas: tuple[float, float], eps: float,
 
 
 def update_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-                *, precision: str = "fp32", label_smoothing: float = 0.0, clip: float = 0.0):
+                *, precision: str = "fp32", label_smoothing: float = 0.0, clip: float = 0.0,
+                cache_casts: bool = False):
     """One whole update on device tensors, as GraphedUpdates captures it: the loss of
     (src, tgt) divided by `total`, backward, clipping to `clip` (0: none), the optimizer's
-    step; the gradients were set to None before it. Returns the batch's summed token loss."""
+    step; the gradients were set to None before it. Returns the batch's summed token loss.
+    `cache_casts`: keep autocast's bf16 copies of the weights, as an eager update does (a
+    capture cannot: autocast's weight cache breaks it)."""
 
     def body(src: torch.Tensor, tgt: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
         loss, _ = token_loss(model, src, tgt, device, label_smoothing, precision=precision,
-                             cache_casts=False)  # autocast's weight cache breaks a capture
+                             cache_casts=cache_casts)
         (loss / total).backward()
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)

@@ -97,30 +97,6 @@ def seed_everything(seed: int) -> None:
     torch.cuda.manual_seed_all(seed)
 
 
-def resolve_precision(precision: str, device: torch.device, decoding: bool = False) -> str:
-    """train.precision on a device: `auto` is bf16 where the device computes in bf16 natively,
-    fp32 elsewhere; bf16 and fp32 as given (bf16 autocast runs on any CPU, which is how the
-    tests cover the GPU's path).
-
-    Native bf16: a CUDA GPU that has it (tensor cores; bf16's float32 range needs no loss
-    scaling), or a CPU with AVX512-BF16 or AMX (native_bf16_cpu). On such a CPU the demo
-    trained 1.31x as fast in bf16 at the same quality (README, Precision). `decoding`: evaluate,
-    train's greedy validation and bench's decoding on a CPU stay fp32 under `auto`, because
-    there decoding's small matrix products ran slower in bf16 (README, Precision)."""
-    if precision != "auto":
-        return precision
-    device = torch.device(device)
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if device.type == "cpu" and not decoding and native_bf16_cpu() else "fp32"
-
-
-def native_bf16_cpu(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU (or the one /proc/cpuinfo's text `cpuinfo` describes) has instructions
-    that compute in bfloat16 (BF16_FLAGS); without them bf16 autocast is emulated and slow."""
-    return bool(cpu_features(cpuinfo)["cpu_bf16"])
-
-
 def resolve_compile(compile_setting: bool | str, device: torch.device) -> bool:
     """train.compile on a device: `auto` compiles nowhere, because on every device measured
     compiling cost more time than it saved in a run of this project's sizes. On the CPU it made
@@ -139,9 +115,10 @@ def autocast(device: torch.device, precision: str = "fp32", cache_casts: bool = 
     """bf16 autocast when the precision resolves to bf16 (matmuls and attention in bf16,
     reductions and the loss in float32); a no-op for fp32. `cache_casts` False: no cache of
     the weights' bf16 copies, which a CUDA graph capture requires (nmt.core.graphs)."""
-    device = torch.device(device)
-    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache_casts,
-                          enabled=resolve_precision(precision, device) == "bf16")
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"autocast takes a resolved precision, fp32 or bf16, not {precision!r}")
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                          cache_enabled=cache_casts, enabled=precision == "bf16")
 
 
 def device_name(device: torch.device) -> str:

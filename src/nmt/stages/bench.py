@@ -39,12 +39,12 @@ from nmt.core.graphs import (
     update_body,
 )
 from nmt.core.loss import token_loss
+from nmt.core.precision import Workload, choose
 from nmt.core.runtime import (
     autocast,
     bound_gpu_memory,
     limit_attention_kernels,
     pick_device,
-    resolve_precision,
     seed_everything,
 )
 from nmt.models import ModelConfig, build_model
@@ -142,7 +142,7 @@ def graphed_step(model, device, precision: str):
 
 def decoder(model, sources, device, dc: DecodeConfig, precision: str = "fp32"):
     """A function that decodes every source once, batched as nmt evaluate does, in
-    `precision` (as evaluate decodes: resolve_precision(..., decoding=True))."""
+    `precision` (as evaluate decodes: nmt.core.precision's choice for decoding)."""
 
     def decode():
         with autocast(device, precision):
@@ -211,9 +211,11 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
            "recipe": plan.recipe, "testset": testset, "steps": len(timed),
            "sentences": len(test), "padding": padding, "pad_multiple": pad_multiple,
            "padding_share": padding_share(timed), "attention_kernels": kernels}
-    precision = resolve_precision(settings["train"]["precision"], device)
-    decoding = resolve_precision(settings["train"]["precision"], device, decoding=True)
-    out["decode_precision"] = decoding
+    choices = {kind: choose(settings["train"]["precision"], device,
+                            Workload.of(settings, len(src_codec), len(tgt_codec), kind))
+               for kind in ("train", "decode")}
+    precision, decoding = choices["train"].precision, choices["decode"].precision
+    out |= choices["train"].record() | choices["decode"].record("decode_")
     # Decoding first, from the shared untrained weights: every sentence runs to its limit.
     for method in ("greedy", "beam"):
         dc = DecodeConfig.from_params(settings["evaluate"], method, cfg.max_len - 1)

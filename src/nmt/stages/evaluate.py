@@ -23,6 +23,7 @@ from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.errors import NmtError, last_outputs
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.loss import token_loss
+from nmt.core.precision import Workload, choose
 from nmt.core.records import write_record
 from nmt.core.runs import Run, RunFiles
 from nmt.core.runtime import (
@@ -30,7 +31,6 @@ from nmt.core.runtime import (
     bound_gpu_memory,
     limit_attention_kernels,
     pick_device,
-    resolve_precision,
 )
 from nmt.core.text import read_lines
 from nmt.core.unknowns import detokenize_outputs, source_surfaces
@@ -145,15 +145,17 @@ def evaluate(settings: dict, paths: Paths) -> dict:
     people compare), evaluation.json (what produced them), translations/ and attention.json.
     settings: the resolved recipe (evaluate, data.target_lang; model and train, which best.pt
     must have been trained with). The loss and the decoding run in train.precision resolved
-    for decoding: `auto` is fp32 on a CPU, where bf16 decoded slower (resolve_precision)."""
+    for decoding: under `auto` a CPU decodes in the faster, measured (nmt.core.precision)."""
     run, files = Run.parse(paths.run.folder.name), paths.run
     device = pick_device(settings["train"]["device"])
     bound_gpu_memory(device)
     kernels = limit_attention_kernels()
-    precision = resolve_precision(settings["train"]["precision"], device, decoding=True)
     model, ckpt = load(files.best, device, expect=run, settings=settings)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
+    choice = choose(settings["train"]["precision"], device,
+                    Workload.of(settings, len(src_codec), len(tgt_codec), "decode"))
+    precision = choice.precision
     n_params = sum(p.numel() for p in model.parameters())
     log.info("read %s: %s model of recipe %s, %d parameters, on %s in %s", files.best,
              ckpt["model"], ckpt["recipe"], n_params, device, precision)
@@ -168,7 +170,7 @@ def evaluate(settings: dict, paths: Paths) -> dict:
         write_json(files.attention, attention)
         write_json(files.evaluation, {
             "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
-            "params": n_params, "device": str(device), "precision": precision,
+            "params": n_params, "device": str(device), **choice.record(),
             "attention_kernels": kernels,
             "unknown_words": settings["evaluate"]["unknown_words"],
             "signature": signatures(), "testsets": timings})

@@ -504,11 +504,16 @@ def machine_columns(summary: dict) -> dict:
 
 
 def machine_note(inp: Inputs) -> list[str]:
-    """The devices the runs trained on, by name, and what their peak memory measures."""
+    """The devices the runs trained on, by name, and what their peak memory measures; the
+    precisions they trained and decoded in, and why (train.json: nmt.core.precision)."""
     seen = sorted({f"{r['train']['device_name']} (peak memory: {r['train']['peak_memory_of']})"
                    for r in inp.runs.values() if "device_name" in r["train"]})
-    return [f"Trained on: {'; '.join(seen)}. Epoch 1's seconds include the compile time.", ""] \
-        if seen else []
+    kinds = (("training", ""), ("decoding", "decode_"))
+    why = sorted({f"{what} in {t[key + 'precision']} ({t[key + 'precision_reason']})"
+                  for t in (r["train"] for r in inp.runs.values()) for what, key in kinds
+                  if key + "precision_reason" in t})
+    return ([f"Trained on: {'; '.join(seen)}. Epoch 1's seconds include the compile time.", ""]
+            if seen else []) + ([f"Precision: {'; '.join(why)}.", ""] if why else [])
 
 
 def bench_lines(inp: Inputs) -> list[str]:
