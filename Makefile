@@ -48,7 +48,8 @@ reproduce: setup  ## the whole comparison: download ... report (`dvc repro`)
 # settings and reports/ the result; `dvc exp show` lists it, `git checkout params.yaml
 # dvc.lock` goes back. DEMO_SEEDS='[0,1]' gives the error bars of reports/demo/.
 DEMO_SEEDS ?= [0]
-demo: setup  ## the comparison on a laptop: recipe demo, 3 models, 6.5-9.6 min of training each
+demo: setup  ## the comparison on a laptop: recipe demo, 3 models, 7-12 min of training each (nmt estimate says)
+	$(BIN)/nmt estimate --recipe demo
 	$(BIN)/dvc exp run -S 'pipeline.recipes=[demo]' \
 		-S 'pipeline.models=[baseline,scratch,decoder_only]' -S 'pipeline.seeds=$(DEMO_SEEDS)' \
 		-S 'bench.recipe=demo'

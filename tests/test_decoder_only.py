@@ -66,6 +66,9 @@ def test_layer_norm_is_nn_layer_norm_and_the_std_variant_is_not():
     x = torch.randn(4, 5, d, dtype=torch.float64) * 3 + 1
     with torch.no_grad():
         torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=1e-12)
+        # The definition written out step by step is the function the fused forward computes.
+        torch.testing.assert_close(ours.written_out(x), ours(x), rtol=0, atol=1e-12)
+        assert verify.max_abs_diff(std_variant(ours, x), ours.written_out(x)) > 1e-2
         # Unbiased std is sqrt(D / (D - 1)) times the biased one: 7% off at D = 8.
         assert verify.max_abs_diff(std_variant(ours, x), ref(x)) > 1e-2
         # eps placement alone: near-constant rows show it (var ~ eps).

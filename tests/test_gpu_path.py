@@ -204,7 +204,7 @@ def test_auto_precision_trains_and_decodes_in_what_the_calibration_found_faster(
     assert (summary["precision"], summary["decode_precision"]) == (trains_in, decodes_in)
     assert summary["bf16_speedup"] == (2.0 if trains_in == "bf16" else 0.5)
     assert summary["decode_bf16_speedup"] == (2.0 if decodes_in == "bf16" else 0.5)
-    assert re.search(r"auto: an update of the recipe's models took [.0-9]+x as fast in bf16",
+    assert re.search(r"auto: an update of the recipe's models ran [.0-9]+x as fast in bf16",
                      summary["precision_reason"])
     assert summary["decode_precision_reason"].startswith("auto: greedy decoding")
 

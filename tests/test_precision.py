@@ -147,3 +147,33 @@ def test_the_calibration_times_every_model_in_both_precisions(cache, kind):
     choice = choose("auto", CPU, workload(kind))  # from the cache now
     ratio = sum(s["fp32"] for s in seconds.values()) / sum(s["bf16"] for s in seconds.values())
     assert choice.speedup == round(ratio, 3)
+
+
+def test_estimate_gives_each_models_minutes_in_the_chosen_precision(cache, monkeypatch,
+                                                                     tmp_path):
+    """`nmt estimate` (make demo prints it first): max_updates x the calibrated update of the
+    precision auto chose x what validation adds, before any vocabulary exists (sizes guessed)."""
+    from nmt.commands.estimate import GUESSED_WORDS, WHOLE_OVER_CALIBRATED, estimate
+
+    monkeypatch.setattr(precision, "measure", lambda work: {
+        "baseline": {"fp32": 0.5, "bf16": 0.6}, "scratch": {"fp32": 0.4, "bf16": 0.5},
+        "decoder_only": {"fp32": 0.45, "bf16": 0.5}})
+    settings = TINY | {"train": TINY["train"] | {"precision": "auto", "max_updates": 1200,
+                                                 "device": "cpu"},
+                       "vocab": {"kind": "word", "bpe_size": 8000}}
+    lines = estimate(settings, "demo", ["scratch", "decoder_only"], tmp_path / "absent")
+    assert lines[1].startswith("training in fp32: auto: an update of the recipe's models ran "
+                               "0.84x as fast in bf16")
+    assert f"{GUESSED_WORDS:,} and {GUESSED_WORDS:,} entries assumed" in lines[2]
+    minutes = 1200 * 0.4 * WHOLE_OVER_CALIBRATED / 60
+    assert lines[3] == (f"scratch: about {minutes:.1f} minutes of training (1,200 updates of "
+                        "400 ms, plus validation)")
+    assert lines[4].startswith("decoder_only: about ")
+    assert lines[-1] == (f"all 2 trainings: about "
+                         f"{(1200 * 0.85 * WHOLE_OVER_CALIBRATED / 60):.0f} minutes")
+
+
+def test_estimate_refuses_a_model_it_does_not_know(cache):
+    from nmt import cli
+
+    assert cli.main(["estimate", "--recipe", "demo", "--models", "scratch,transformer"]) == 2

@@ -102,7 +102,9 @@ def fake_run(params: dict, run: Run, results: Path, data: dict) -> None:
         "best_valid_loss": 1.8, "averaged_valid_loss": None, "seconds_per_epoch": 50.0 + run.seed,
         "train_minutes": 4.0 + run.seed, "updates": 100 * epochs, "valid_bleu_greedy": 30.0,
         "tokens_per_second": 9000, "train_pairs": 29000, "device_name": "NVIDIA H100 80GB HBM3",
-        "precision": "bf16", "compile": True, "compile_seconds": 41.5, "compiled_graphs": 1,
+        "precision": "bf16", "precision_reason": "auto: a CUDA GPU with bf16 tensor cores",
+        "decode_precision": "bf16", "decode_precision_reason": "auto: a CUDA GPU with bf16 "
+        "tensor cores", "compile": True, "compile_seconds": 41.5, "compiled_graphs": 1,
         "cuda_graphs": 0, "peak_memory_mb": 5120.0, "peak_memory_of": "cuda max_memory_allocated",
         "config": {}})
 
@@ -253,6 +255,8 @@ def test_sections_and_setup_follow_params(full):
     assert "Trained on: NVIDIA H100 80GB HBM3 (peak memory: cuda max_memory_allocated)" in text
     assert re.search(r"\| precision +\| +compile s +\| +CUDA graphs +\| +peak MB +\|", text)
     assert re.search(r"\| bf16 +\| +41\.500 +\| +0 +\| +5120\.000 +\|", text)
+    assert ("Precision: decoding in bf16 (auto: a CUDA GPU with bf16 tensor cores); training in "
+            "bf16 (auto: a CUDA GPU with bf16 tensor cores).") in text
 
 
 def test_one_test_set_two_models(tmp_path, mirror):

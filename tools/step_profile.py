@@ -1,6 +1,6 @@
 """Where a training step's time goes: torch.profiler over the steps `nmt bench` times.
 
-The scratch model of a recipe (default: demo) takes Adam steps on the recipe's own first
+A model of a recipe (default: scratch, of recipe demo) takes Adam steps on the recipe's first
 training batches, in fp32 and in bf16 autocast, the step `nmt bench` times (bench.make_step).
 The profiler's self CPU time of every operator is summed into kinds: matrix products, fused
 attention, softmax and loss, layer norm, dropout, other element-wise work, the casts bf16 adds,
@@ -8,7 +8,8 @@ the optimizer, and the rest; each kind is printed with its milliseconds a step a
 The allocator shows as page faults (getrusage) a step, since its time is the kernel's; glibc
 is told to keep freed memory first, as every `nmt` command does.
 
-    python tools/step_profile.py [--recipe demo] [--steps 8] [--precisions fp32 bf16]
+    python tools/step_profile.py [--recipe demo] [--model scratch] [--steps 8]
+        [--precisions fp32 bf16]
         [--vocab data/vocab/demo] [--tokenized data/tokenized]
 
 Needs the recipe's vocabulary (`dvc repro vocab@demo`). Run it alone on the machine.
@@ -89,6 +90,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="batches a pass")
     ap.add_argument("--repeats", type=int, default=2, help="profiled passes over them")
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    ap.add_argument("--model", default="scratch", help="baseline, scratch or decoder_only")
     ap.add_argument("--vocab", type=Path, default=None)
     ap.add_argument("--tokenized", type=Path, default=REPO / "data" / "tokenized")
     args = ap.parse_args()
@@ -97,14 +99,15 @@ def main() -> None:
     codecs = load_codecs(args.vocab or REPO / "data" / "vocab" / args.recipe)
     device = torch.device("cpu")
     batches, _, _ = bench_inputs(settings, args.tokenized,
-                               SpeedPlan(args.recipe, args.steps, 1, 1), codecs, device)
+                               SpeedPlan(args.recipe, args.steps, 1, 1), codecs, device,
+                               pad_multiple=1)
     cfg = ModelConfig.from_dict(settings["model"])
     flops = train_flops(cfg, len(codecs[1]), batches) / len(batches)
-    print(f"recipe {args.recipe}: scratch, {len(batches)} batches x {args.repeats} passes, "
+    print(f"recipe {args.recipe}: {args.model}, {len(batches)} batches x {args.repeats} passes, "
           f"{torch.get_num_threads()} threads, {flops / 1e9:.1f} GFLOP a step")
     for precision in args.precisions:
         seed_everything(0)
-        model = build_model("scratch", cfg, len(codecs[0]), len(codecs[1])).train()
+        model = build_model(args.model, cfg, len(codecs[0]), len(codecs[1])).train()
         by_kind, by_op, wall, faults = profile_steps(
             make_step(model, device, precision=precision), batches, args.repeats)
         total = sum(by_kind.values())

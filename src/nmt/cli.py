@@ -108,6 +108,18 @@ def cmd_translate(args, params):
     translate_cli(args, params)
 
 
+def cmd_estimate(args, params):
+    from nmt.commands import estimate
+
+    estimate.command(args, params)
+
+
+def add_estimate(s: argparse.ArgumentParser) -> None:
+    from nmt.commands import estimate
+
+    estimate.arguments(s)
+
+
 def cmd_stages(args, params):
     from nmt.pipeline.declaration import rendered
 
@@ -195,6 +207,10 @@ COMMANDS = {
                   "Translate German sentences given as arguments, in --file, or on standard "
                   "input, with a trained run's checkpoint; prints one English line per input "
                   "line."),
+    "estimate": (add_estimate, cmd_estimate,
+                 "Print what a recipe's trainings will take on this CPU, from the precision "
+                 "calibration (measured once a machine, cached): the precision "
+                 "train.precision auto chooses, and each model's minutes."),
     "stages": (add_stages, cmd_stages,
                "Render dvc.yaml and Snakemake's rules (workflow/rules/stages.smk) from "
                "workflow/stages.yaml, the one declaration of every stage: print them, --write "

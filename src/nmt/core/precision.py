@@ -107,7 +107,7 @@ def choose(setting: str, device: torch.device, workload: Workload | None = None)
                     / sum(s["bf16"] for s in seconds.values()), 3)
     precision = "bf16" if speedup >= BF16_MIN_SPEEDUP else "fp32"
     what = "an update" if workload.kind == "train" else "greedy decoding"
-    reason = (f"auto: {what} of the recipe's models took {speedup:.2f}x as fast in bf16 as in "
+    reason = (f"auto: {what} of the recipe's models ran {speedup:.2f}x as fast in bf16 as in "
               f"fp32 on this CPU ({cpuinfo_field('model name') or 'unknown'}, "
               f"{torch.backends.cpu.get_cpu_capability()}; bf16 from {BF16_MIN_SPEEDUP}x)")
     return Choice(precision, reason, speedup)
