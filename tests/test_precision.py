@@ -177,3 +177,20 @@ def test_estimate_refuses_a_model_it_does_not_know(cache):
     from nmt import cli
 
     assert cli.main(["estimate", "--recipe", "demo", "--models", "scratch,transformer"]) == 2
+
+
+def test_a_cache_that_cannot_be_kept_costs_a_measurement_not_the_run(tmp_path, monkeypatch,
+                                                                    caplog):
+    """A read-only home (here: the cache's folder is a file): measured, one warning, a choice."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv(precision.CACHE_ENV, str(blocked / "nmt"))
+    calls = []
+    monkeypatch.setattr(precision, "measure", stand_in(1.0, 0.5, calls))
+    with caplog.at_level(logging.WARNING, logger="nmt.precision"):
+        assert choose("auto", CPU, workload()).precision == "bf16"
+    assert len(calls) == 1
+    [message] = [r.getMessage() for r in caplog.records]
+    assert message.startswith(f"cannot keep precision measurements in {blocked / 'nmt'} (")
+    assert message.endswith("measuring for this run only (fix: NMT_CACHE_DIR=<a writable "
+                            "folder>)")

@@ -129,11 +129,11 @@ def cache_path() -> Path:
 
 def calibration(workload: Workload) -> dict:
     """{model: {precision: seconds}} of the workload on this machine: the cache's entry, or
-    measured now (and cached) where there is none."""
+    measured now (and cached) where there is none. A cache that cannot be kept (a read-only
+    home) costs a measurement each run, with one warning, not the run."""
     path, key = cache_path(), {"machine": machine(), "workload": jsonable(workload)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with locked(path.with_suffix(".lock")):
-        entries = read_cache(path)
+    with locked(path) as usable:
+        entries = read_cache(path) if usable else []
         found = next((e for e in entries if {k: e.get(k) for k in key} == key), None)
         if found:
             return found["seconds"]
@@ -141,8 +141,17 @@ def calibration(workload: Workload) -> dict:
                  workload.kind, ", ".join(MODELS), path)
         seconds = measure(workload)
         measured = datetime.now(UTC).isoformat(timespec="seconds")
-        write_json(path, [*entries, key | {"seconds": seconds, "measured": measured}])
+        try:
+            if usable:
+                write_json(path, [*entries, key | {"seconds": seconds, "measured": measured}])
+        except OSError as error:
+            unkept(path, error)
     return seconds
+
+
+def unkept(path: Path, error: OSError) -> None:
+    log.warning("cannot keep precision measurements in %s (%s): measuring for this run only "
+                "(fix: %s=<a writable folder>)", path.parent, error.strerror or error, CACHE_ENV)
 
 
 def jsonable(workload: Workload) -> dict:
@@ -168,15 +177,24 @@ def read_cache(path: Path) -> list:
 
 @contextlib.contextmanager
 def locked(path: Path):
-    """An exclusive lock on `path` (created) while the block runs: one process measures."""
+    """An exclusive lock beside the cache at `path` while the block runs, so that one process
+    measures; yields whether the cache can be used (False, with one warning, where its folder
+    cannot be made or locked)."""
     import fcntl
 
-    with open(path, "a") as handle:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path.with_suffix(".lock"), "a")  # noqa: SIM115 - held across the yield
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError as error:
+        unkept(path, error)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
 def measure(workload: Workload) -> dict:
