@@ -76,8 +76,9 @@ def test_fp32_and_bf16_are_taken_as_given_and_nothing_is_measured(cache, monkeyp
 
 
 def test_a_calibration_is_measured_once_a_machine_and_workload(cache, monkeypatch):
-    """The second run on a machine reads the first's figures; another workload or another
-    kind of machine (here oneDNN capped at AVX2, as a laptop stand-in) is measured anew."""
+    """The second run on a machine reads the first's figures; another workload, another kind
+    of machine (here oneDNN capped at AVX2, as a laptop stand-in) or changed model code is
+    measured anew."""
     calls = []
     monkeypatch.setattr(precision, "measure", stand_in(1.0, 0.5, calls))
     first = calibration(workload())
@@ -88,9 +89,14 @@ def test_a_calibration_is_measured_once_a_machine_and_workload(cache, monkeypatc
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     calibration(workload())
     assert len(calls) == 4
+    code = precision.models_code()
+    monkeypatch.setattr(precision, "models_code", lambda: "a changed model")
+    calibration(workload())
+    assert len(calls) == 5
     entries = json.loads(cache.read_text())
-    assert [e["machine"]["isa_caps"] for e in entries] == [{}, {}, {}, {"ONEDNN_MAX_CPU_ISA":
-                                                                        "AVX2"}]
+    assert [e["machine"]["isa_caps"] for e in entries] == [{}, {}, {}] + [
+        {"ONEDNN_MAX_CPU_ISA": "AVX2"}] * 2
+    assert [e["models"] for e in entries] == [code] * 4 + ["a changed model"]
     assert {e["machine"]["torch"] for e in entries} == {torch.__version__}
     assert all(e["seconds"] == first and e["measured"] for e in entries)
 

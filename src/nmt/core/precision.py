@@ -9,16 +9,19 @@ an update (forward, loss, backward, clipping, Adam: graphs.update_body, the upda
 replays); decoding times greedy search of a batch, as evaluate and train's validation decode.
 
 The measurement is cached in NMT_CACHE_DIR (default ~/.cache/nmt)/precision.json, one entry a
-machine (CPU model, torch's vector kernels and version, threads, oneDNN's and MKL's ISA caps)
-and workload (kind, model sizes, vocabularies, batch), so a fresh clone's first run measures
-(seconds) and later runs, other clones included, read it. A file lock makes processes that
-start together (DDP ranks, parallel Snakemake jobs) measure once and agree. On a CUDA GPU,
-`auto` is bf16 wherever the GPU has it (tensor cores). `fp32` and `bf16` are taken as given.
+machine (CPU model, torch's vector kernels and version, threads, oneDNN's and MKL's ISA caps),
+version of the models' code and workload (kind, model sizes, vocabularies, batch), so a fresh
+clone's first run measures (seconds) and later runs, other clones included, read it. A file
+lock makes processes that start together (DDP ranks, parallel Snakemake jobs) measure once and
+agree. On a CUDA GPU, `auto` is bf16 wherever the GPU has it (tensor cores). `fp32` and `bf16`
+are taken as given.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+import nmt.models as models_package
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.files import write_json
 from nmt.core.graphs import update_body
@@ -121,6 +125,16 @@ def machine() -> dict:
             "isa_caps": {name: os.environ[name] for name in ISA_CAPS if name in os.environ}}
 
 
+@functools.cache
+def models_code() -> str:
+    """A fingerprint of the models' source files: a changed model is measured again."""
+    root = Path(models_package.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cache_path() -> Path:
     folder = os.environ.get(CACHE_ENV) or Path(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nmt"
@@ -131,7 +145,8 @@ def calibration(workload: Workload) -> dict:
     """{model: {precision: seconds}} of the workload on this machine: the cache's entry, or
     measured now (and cached) where there is none. A cache that cannot be kept (a read-only
     home) costs a measurement each run, with one warning, not the run."""
-    path, key = cache_path(), {"machine": machine(), "workload": jsonable(workload)}
+    path = cache_path()
+    key = {"machine": machine(), "models": models_code(), "workload": jsonable(workload)}
     with locked(path) as usable:
         entries = read_cache(path) if usable else []
         found = next((e for e in entries if {k: e.get(k) for k in key} == key), None)
