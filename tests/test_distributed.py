@@ -72,7 +72,7 @@ def stepper(data, world: World, sizes: tuple[int, int]) -> Trainer:
     config = TrainConfig.from_dict(
         {**tiny_params()["train"], "label_smoothing": 0.1, "clip_grad_norm": 0.0})
     return Trainer(config=config, paths=None, world=world, device=torch.device("cpu"),
-                   precision="fp32",
+                   precision="fp32", decode_precision="fp32", precision_record={},
                    model=model, step_model=ddp, optimizer=opt, scheduler=sched,
                    train_batches=None, valid_batches=None, valid_references=None, tgt_codec=None,
                    checkpoint_meta={}, resume_key={})

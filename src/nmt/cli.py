@@ -115,9 +115,14 @@ def cmd_estimate(args, params):
 
 
 def add_estimate(s: argparse.ArgumentParser) -> None:
-    from nmt.commands import estimate
-
-    estimate.arguments(s)
+    """nmt estimate's options (here: every `nmt` command builds them, and the module, which
+    imports torch and the models, only loads for `nmt estimate` itself)."""
+    commandline.recipe(s)
+    s.add_argument("--models", default="baseline,scratch,decoder_only",
+                   help="the models to estimate, comma separated")
+    s.add_argument("--vocab", type=Path, default=None,
+                   help="the recipe's vocabulary, if built (default: data/vocab/<recipe>)")
+    commandline.threads(s)
 
 
 def cmd_stages(args, params):

@@ -11,7 +11,6 @@ guessed: the BPE size, or GUESSED_WORDS words a side.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
@@ -32,15 +31,6 @@ log = logging.getLogger("nmt.estimate")
 # trainings on the Xeon without AMX (README, CPU only).
 WHOLE_OVER_CALIBRATED = 1.06
 GUESSED_WORDS = 8000  # a word vocabulary's size before it is built (the demo's: 8,012 and 6,190)
-
-
-def arguments(parser: argparse.ArgumentParser) -> None:
-    commandline.recipe(parser)
-    parser.add_argument("--models", default="baseline,scratch,decoder_only",
-                        help="the models to estimate, comma separated")
-    parser.add_argument("--vocab", type=Path, default=None,
-                        help="the recipe's vocabulary, if built (default: data/vocab/<recipe>)")
-    commandline.threads(parser)
 
 
 def command(args, params: dict) -> None:
