@@ -22,8 +22,7 @@ CPU = torch.device("cpu")
 TINY = {"model": {"num_encoder_layers": 1, "num_decoder_layers": 1, "d_model": 32, "nhead": 2,
                   "dim_feedforward": 64, "decoder_only_layers": 1},
         "train": {"batch_by": "tokens", "max_tokens": 256, "batch_size": 8,
-                  "label_smoothing": 0.1, "clip_grad_norm": 1.0},
-        "evaluate": {"batch_size": 8}}
+                  "label_smoothing": 0.1, "clip_grad_norm": 1.0}}
 
 
 def workload(kind: str = "train", vocab: int = 50) -> Workload:

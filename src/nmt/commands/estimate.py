@@ -67,7 +67,9 @@ def estimate(settings: dict, recipe: str, models: list[str], vocab: Path) -> lis
                for m in models}
     lines += [f"{m}: about {minutes[m]:.1f} minutes of training ({updates:,} updates of "
               f"{1e3 * seconds[m][choice.precision]:,.0f} ms, plus validation)" for m in models]
-    return lines + [f"all {len(models)} trainings: about {sum(minutes.values()):.0f} minutes"]
+    if len(models) > 1:
+        lines.append(f"all {len(models)} trainings: about {sum(minutes.values()):.0f} minutes")
+    return lines
 
 
 def vocab_sizes(settings: dict, folder: Path) -> tuple[tuple[int, int], bool]:

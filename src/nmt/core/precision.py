@@ -48,7 +48,9 @@ PRECISIONS = ("fp32", "bf16")
 BF16_MIN_SPEEDUP = 1.1
 CACHE_ENV = "NMT_CACHE_DIR"
 # A calibration batch: sentences of this many tokens (Multi30k's are 12-14 plus <bos>/<eos>),
-# as many as the recipe's batch holds; random ids. Decoding: at most DECODE_SENTENCES of them.
+# as many as the recipe's batch holds; random ids. Decoding: DECODE_SENTENCES of them, the same
+# for train's validation and evaluate, so that one measurement serves both (and train reads no
+# evaluate setting: the stage contract holds it to the keys it declares).
 SENTENCE_TOKENS, DECODE_SENTENCES = 16, 64
 REPEATS = 3  # timed passes of each (model, precision), after one untimed; the median is kept
 DECISIVE = 3.0  # ... unless the untimed pass of one precision took this many times the other's
@@ -71,11 +73,10 @@ class Workload:
 
     @classmethod
     def of(cls, settings: dict, src_vocab: int, tgt_vocab: int, kind: str) -> Workload:
-        """The workload of a resolved recipe (`settings`: model, train, evaluate)."""
+        """The workload of a resolved recipe (`settings`: model and train)."""
         train, model = settings["train"], tuple(sorted(settings["model"].items()))
         if kind == "decode":
-            return cls("decode", model, src_vocab, tgt_vocab,
-                       min(settings["evaluate"]["batch_size"], DECODE_SENTENCES))
+            return cls("decode", model, src_vocab, tgt_vocab, DECODE_SENTENCES)
         sentences = (train["max_tokens"] // SENTENCE_TOKENS if train["batch_by"] == "tokens"
                      else train["batch_size"])
         return cls("train", model, src_vocab, tgt_vocab, max(1, sentences),
