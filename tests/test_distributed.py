@@ -25,6 +25,7 @@ from nmt.core import checkpoint
 from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.data import Batches, load_pairs
 from nmt.core.distributed import World, shard, wrap
+from nmt.core.precision import Choice
 from nmt.core.runs import Run
 from nmt.models import ModelConfig, build_model
 from nmt.stages.train import TrainConfig, Trainer, lr_factor, update
@@ -72,7 +73,8 @@ def stepper(data, world: World, sizes: tuple[int, int]) -> Trainer:
     config = TrainConfig.from_dict(
         {**tiny_params()["train"], "label_smoothing": 0.1, "clip_grad_norm": 0.0})
     return Trainer(config=config, paths=None, world=world, device=torch.device("cpu"),
-                   precision="fp32", decode_precision="fp32", precision_record={},
+                   precisions={kind: Choice("fp32", "train.precision: fp32")
+                               for kind in ("train", "decode")},
                    model=model, step_model=ddp, optimizer=opt, scheduler=sched,
                    train_batches=None, valid_batches=None, valid_references=None, tgt_codec=None,
                    checkpoint_meta={}, resume_key={})

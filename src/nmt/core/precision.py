@@ -118,6 +118,18 @@ def choose(setting: str, device: torch.device, workload: Workload | None = None)
     return Choice(precision, reason, speedup)
 
 
+def choices(settings: dict, device: torch.device, src_vocab: int, tgt_vocab: int) -> dict:
+    """train.precision's Choice for both kinds of a recipe's work: "train" and "decode"."""
+    return {kind: choose(settings["train"]["precision"], device,
+                         Workload.of(settings, src_vocab, tgt_vocab, kind))
+            for kind in ("train", "decode")}
+
+
+def recorded(both: dict) -> dict:
+    """What train.json and bench.json say of `choices`: decoding's keys start with decode_."""
+    return both["train"].record() | both["decode"].record("decode_")
+
+
 def machine() -> dict:
     """What the speed of fp32 and bf16 depends on besides the workload."""
     return {"cpu": cpuinfo_field("model name") or "unknown",
@@ -251,13 +263,14 @@ def update(model: torch.nn.Module, batch: torch.Tensor, workload: Workload):
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     total = torch.tensor(float(batch[:, 1:].numel()))
+    bodies = {precision: update_body(model, optimizer, torch.device("cpu"), precision=precision,
+                                     label_smoothing=workload.label_smoothing,
+                                     clip=workload.clip, cache_casts=True)
+              for precision in PRECISIONS}
 
     def run(precision: str) -> None:
-        body = update_body(model, optimizer, torch.device("cpu"), precision=precision,
-                           label_smoothing=workload.label_smoothing, clip=workload.clip,
-                           cache_casts=True)
         optimizer.zero_grad(set_to_none=True)
-        body(batch, batch, total)
+        bodies[precision](batch, batch, total)
 
     return run
 

@@ -39,7 +39,7 @@ from nmt.core.graphs import (
     update_body,
 )
 from nmt.core.loss import token_loss
-from nmt.core.precision import Workload, choose
+from nmt.core.precision import choices, recorded
 from nmt.core.runtime import (
     autocast,
     bound_gpu_memory,
@@ -211,11 +211,9 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
            "recipe": plan.recipe, "testset": testset, "steps": len(timed),
            "sentences": len(test), "padding": padding, "pad_multiple": pad_multiple,
            "padding_share": padding_share(timed), "attention_kernels": kernels}
-    choices = {kind: choose(settings["train"]["precision"], device,
-                            Workload.of(settings, len(src_codec), len(tgt_codec), kind))
-               for kind in ("train", "decode")}
-    precision, decoding = choices["train"].precision, choices["decode"].precision
-    out |= choices["train"].record() | choices["decode"].record("decode_")
+    chosen = choices(settings, device, len(src_codec), len(tgt_codec))
+    precision, decoding = chosen["train"].precision, chosen["decode"].precision
+    out |= recorded(chosen)
     # Decoding first, from the shared untrained weights: every sentence runs to its limit.
     for method in ("greedy", "beam"):
         dc = DecodeConfig.from_params(settings["evaluate"], method, cfg.max_len - 1)

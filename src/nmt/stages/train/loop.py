@@ -48,7 +48,7 @@ from nmt.core.graphs import (
     update_body,
 )
 from nmt.core.loss import corpus_loss, token_loss
-from nmt.core.precision import Workload, choose
+from nmt.core.precision import Choice, choices, recorded
 from nmt.core.runs import Run, RunFiles
 from nmt.core.runtime import (
     autocast,
@@ -149,10 +149,9 @@ class Trainer:
     paths: Paths
     world: World  # this process's rank of how many (one process: 0 of 1)
     device: torch.device
-    precision: str  # bf16 or fp32: train.precision resolved on the device for an update
-    decode_precision: str  # ... and for decoding (the validation BLEU), as evaluate decodes
-    # why: the two choices as train.json records them (nmt.core.precision.Choice.record)
-    precision_record: dict
+    # train.precision on the device for "train" (an update) and "decode" (the validation
+    # BLEU, as evaluate decodes): which precision each runs in, and why (nmt.core.precision)
+    precisions: dict[str, Choice]
     model: torch.nn.Module  # the weights: what is validated, clipped and saved
     # What an update calls: the model, in DistributedDataParallel under torchrun, maybe
     # compiled (distributed.no_sync finds the DDP wrapper inside it)
@@ -174,6 +173,11 @@ class Trainer:
     graphs: GraphedUpdates | None = None  # updates replayed as CUDA graphs (train.cuda_graphs)
     graphs_failed: str = ""  # why a capture failed, when this run fell back to eager updates
     attention_kernels: str = "any"  # the kernels NMT_ATTENTION_KERNELS allows (runtime)
+
+    @property
+    def precision(self) -> str:
+        """bf16 or fp32: what an update runs in."""
+        return self.precisions["train"].precision
 
     @property
     def compiled(self) -> bool:
@@ -350,13 +354,9 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         "params": {"model": settings["model"], "train": settings["train"]},
         "n_params": sum(p.numel() for p in model.parameters()), "seed": run.seed,
         "vocab_sha256": checkpoint.vocab_fingerprint(paths.vocab)}
-    choices = {kind: choose(config.precision, device, Workload.of(settings, *vocab_sizes, kind))
-               for kind in ("train", "decode")}
     trainer = Trainer(
         config=config, paths=paths, world=world, device=device,
-        precision=choices["train"].precision, decode_precision=choices["decode"].precision,
-        precision_record=choices["train"].record() | choices["decode"].record("decode_"),
-        model=model,
+        precisions=choices(settings, device, *vocab_sizes), model=model,
         step_model=step_model, optimizer=optimizer, scheduler=None,
         train_batches=train_batches, valid_batches=valid_batches,
         valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
@@ -882,7 +882,8 @@ def valid_bleu(trainer: Trainer) -> float | None:
 
     model, codec = trainer.model.eval(), trainer.tgt_codec
     decoding = DecodeConfig("greedy", cap=trainer.checkpoint_meta["cfg"].max_len - 1)
-    with torch.inference_mode(), autocast(trainer.device, trainer.decode_precision):
+    precision = trainer.precisions["decode"].precision  # as evaluate decodes
+    with torch.inference_mode(), autocast(trainer.device, precision):
         ids = translate_batches(model, trainer.valid_batches.pairs, decoding,
                                 desc="valid greedy", progress=trainer.world.main)
     hypotheses = [codec.decode(h) for h in ids]
@@ -897,7 +898,7 @@ def machine_report(trainer: Trainer) -> dict:
     seconds compiling (forward and backward graphs, every recompile; a resumed run counts its
     own) and the graphs compiled (1 when dynamic shapes cover every batch, more on a
     recompile or a graph break). Epoch 1's seconds include the compile time."""
-    report = {"device_name": device_name(trainer.device), **trainer.precision_record,
+    report = {"device_name": device_name(trainer.device), **recorded(trainer.precisions),
               "compile": trainer.compiled, "attention_kernels": trainer.attention_kernels}
     if trainer.device.type == "cpu":
         report |= cpu_features()
