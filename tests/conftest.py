@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # warm kernel cache and 95 with a cold one (a fresh clone's), against 35 and 75 without the
 # pool. The kernels are the same either way.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-# train.precision auto's measurements (nmt.core.precision) go to a folder of the session's, not
+# train.precision auto's measurements (nmt.training.precision) go to a folder of the session's, not
 # to the user's cache: a test's stand-in figures must never decide a real run's precision.
 os.environ["NMT_CACHE_DIR"] = tempfile.mkdtemp(prefix="nmt-cache-")
 

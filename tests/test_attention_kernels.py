@@ -49,7 +49,7 @@ def test_a_setting_without_math_or_with_an_unknown_name_is_one_line(monkeypatch,
 
 def test_a_run_records_the_kernels_it_was_allowed(prepared, tmp_path, monkeypatch):
     from nmt.core.runs import Run
-    from nmt.stages.train import train
+    from nmt.training.loop import train
     from train_helpers import tiny_data, tiny_params, train_paths
 
     data = tiny_data(prepared, tmp_path / "data", train=64, val=32)

@@ -7,10 +7,10 @@ import torch
 from conftest import REPO, edit_params
 from nmt.cli import main
 from nmt.core.codecs import PAD_ID, load_codecs
-from nmt.core.precision import BF16_MIN_SPEEDUP
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 from nmt.stages.bench import SpeedPlan, bench_inputs, padding_share
+from nmt.training.precision import BF16_MIN_SPEEDUP
 
 
 def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys):

@@ -1,6 +1,6 @@
 """Gradient accumulation and DDP (Gloo on CPU): the same updates however the work is split.
 
-The update step (nmt.stages.train.update) is driven directly with real batches in float64 (dropout
+The update (nmt.training.step.Updater) is driven directly with real batches in float64 (dropout
 0); whole runs go through `nmt train` (which starts torchrun itself for train.devices > 1).
 """
 
@@ -24,18 +24,16 @@ from nmt import cli
 from nmt.core import checkpoint
 from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.data import Batches, load_pairs
-from nmt.core.distributed import World, shard, wrap
-from nmt.core.precision import Choice
 from nmt.core.runs import Run
 from nmt.models import ModelConfig, build_model
-from nmt.stages.train import TrainConfig, Trainer, lr_factor, update
+from nmt.training.distributed import World, shard, wrap
+from nmt.training.step import UpdateConfig, Updater, lr_factor
 from train_helpers import (
     TINY_MODEL,
     assert_same_outputs,
     nmt_process,
     params_file,
     tiny_data,
-    tiny_params,
     train_argv,
 )
 
@@ -58,8 +56,8 @@ def micro_batches(data) -> tuple[Batches, list[list[int]]]:
     return batches, batches.indices(0)[: 2 * UPDATES]
 
 
-def stepper(data, world: World, sizes: tuple[int, int]) -> Trainer:
-    """A float64 Trainer with just what `update` touches: model, DDP, optimizer, schedule.
+def stepper(data, world: World, sizes: tuple[int, int]) -> Updater:
+    """A float64 Updater: model, DDP, optimizer, schedule, label smoothing 0.1.
 
     Plain SGD without clipping: Adam and clipping forgive a gradient off by a constant factor,
     a wrong loss normalisation must show.
@@ -70,14 +68,9 @@ def stepper(data, world: World, sizes: tuple[int, int]) -> Trainer:
     ddp = wrap(model, world, torch.device("cpu"))
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s + 1, 3))
-    config = TrainConfig.from_dict(
-        {**tiny_params()["train"], "label_smoothing": 0.1, "clip_grad_norm": 0.0})
-    return Trainer(config=config, paths=None, world=world, device=torch.device("cpu"),
-                   precisions={kind: Choice("fp32", "train.precision: fp32")
-                               for kind in ("train", "decode")},
-                   model=model, step_model=ddp, optimizer=opt, scheduler=sched,
-                   train_batches=None, valid_batches=None, valid_references=None, tgt_codec=None,
-                   checkpoint_meta={}, resume_key={})
+    return Updater(model=model, optimizer=opt, scheduler=sched, device=torch.device("cpu"),
+                   config=UpdateConfig("fp32", label_smoothing=0.1), step_model=ddp,
+                   world=world)
 
 
 def vocab_sizes(data) -> tuple[int, int]:
@@ -89,15 +82,15 @@ def rank_updates(rank: int, data: dict, init: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     world = World(rank, 2, group=True)
-    trainer = stepper(data, world, vocab_sizes(data))
+    update = stepper(data, world, vocab_sizes(data))
     batches, order = micro_batches(data)
     loss, tokens = 0.0, 0
     for idx, real in shard(order, world):
-        step_loss, n = update(trainer, [(*batches.batch(idx), real)])
-        loss, tokens = loss + step_loss.item(), tokens + n
+        updated = update([(*batches.batch(idx), real)])
+        loss, tokens = loss + updated.loss_sum.item(), tokens + updated.tokens
     totals = world.sum(torch.tensor([loss, tokens], dtype=torch.float64)).tolist()
     if world.main:
-        torch.save({"state": trainer.model.state_dict(), "loss": totals}, out)
+        torch.save({"state": update.model.state_dict(), "loss": totals}, out)
     dist.destroy_process_group()
 
 
@@ -106,20 +99,19 @@ def test_two_ranks_equal_one_process_accumulating_two(data, tmp_path):
                                  str(tmp_path / "ranks.pt")), nprocs=2, join=True)
     ranks = torch.load(tmp_path / "ranks.pt", weights_only=True)
 
-    trainer = stepper(data, World(), vocab_sizes(data))
+    update = stepper(data, World(), vocab_sizes(data))
     batches, order = micro_batches(data)
     loss, tokens = 0.0, 0
     for u in range(UPDATES):
-        micro = [(*batches.batch(idx), True) for idx in order[2 * u:2 * u + 2]]
-        step_loss, n = update(trainer, micro)
-        loss, tokens = loss + step_loss.item(), tokens + n
-    assert trainer.scheduler.last_epoch == UPDATES
+        updated = update([(*batches.batch(idx), True) for idx in order[2 * u:2 * u + 2]])
+        loss, tokens = loss + updated.loss_sum.item(), tokens + updated.tokens
+    assert update.scheduler.last_epoch == UPDATES
     # Token-weighted loss: the same tokens, and the same float64 sum up to its summation
     # order (two ranks add their halves, one process adds batch after batch).
     assert ranks["loss"][1] == tokens and ranks["loss"][0] == pytest.approx(loss, rel=1e-14)
     initial = stepper(data, World(), vocab_sizes(data)).model.state_dict()
-    assert all(not torch.equal(v, initial[k]) for k, v in trainer.model.named_parameters())  # moved
-    for name, value in trainer.model.state_dict().items():
+    assert all(not torch.equal(v, initial[k]) for k, v in update.model.named_parameters())  # moved
+    for name, value in update.model.state_dict().items():
         torch.testing.assert_close(ranks["state"][name], value, rtol=0, atol=1e-10)
 
 
@@ -136,12 +128,14 @@ def test_accumulating_two_batches_equals_one_double_batch(data):
         s_len = max(s.shape[1] for s, _ in pair)
         t_len = max(t.shape[1] for _, t in pair)
         pair = [(pad_to(s, s_len), pad_to(t, t_len)) for s, t in pair]  # padding is free
-        a = update(acc, [(s, t, True) for s, t in pair])
-        b = update(big, [(torch.cat([s for s, _ in pair]), torch.cat([t for _, t in pair]),
-                          True)])
-        assert a[1] == b[1]
+        a = acc([(s, t, True) for s, t in pair])
+        b = big([(torch.cat([s for s, _ in pair]), torch.cat([t for _, t in pair]), True)])
+        assert a.tokens == b.tokens
         # token_loss sums in float32 (logits.float()): one sum of 2B rows vs two of B rows.
-        torch.testing.assert_close(a[0], b[0], rtol=1e-6, atol=0)
+        torch.testing.assert_close(a.loss_sum, b.loss_sum, rtol=1e-6, atol=0)
+        # ... and the gradient norm (before clipping) is the same one update's
+        torch.testing.assert_close(a.means["grad_norm"], b.means["grad_norm"], rtol=1e-6,
+                                   atol=0)
     for name, value in acc.model.state_dict().items():
         torch.testing.assert_close(big.model.state_dict()[name], value, rtol=0, atol=1e-10)
 
@@ -211,7 +205,7 @@ def test_the_launcher_waits_without_torch_and_shares_its_threads(data, tmp_path)
     (--threads 2: one each)."""
     params = params_file(tmp_path, devices=2)
     argv = train_argv(params, {**data, "results": tmp_path / "r"}, "--threads", "2")
-    probe = ("import sys, nmt.core.launch as launch; from nmt.cli import main\n"
+    probe = ("import sys, nmt.training.launch as launch; from nmt.cli import main\n"
              "launch.launch = lambda n, argv, threads: print(n, threads, 'torch' in sys.modules)"
              f"\nsys.exit(main({argv!r}))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

@@ -28,7 +28,6 @@ import torch
 from torch._dynamo.utils import counters
 
 from nmt import cli
-from nmt.core import precision as precisions
 from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.data import Batches, load_pairs, pad, padded_length
 from nmt.core.loss import token_loss
@@ -37,7 +36,9 @@ from nmt.core.runtime import cpu_features, resolve_compile
 from nmt.models import ModelConfig, build_model
 from nmt.stages.evaluate import Paths as EvalPaths
 from nmt.stages.evaluate import evaluate
-from nmt.stages.train import compiled, train
+from nmt.training import precision as precisions
+from nmt.training.loop import train
+from nmt.training.step import compiled
 from train_helpers import (
     TINY_MODEL,
     nmt_process,
@@ -107,7 +108,7 @@ def test_padding_to_a_multiple_changes_no_loss(pairs, name):
 
 def graphs_compiled(pairs, batch_by: str, pad_multiple: int) -> tuple[int, int]:
     """(distinct batch shapes, graphs dynamo compiled) over one epoch of real batches of the
-    scratch model compiled as train compiles it (nmt.stages.train.compiled), with aot_eager for
+    scratch model compiled as train compiles it (nmt.training.step.compiled), with aot_eager for
     inductor: it traces forward and backward alike, without generating code."""
     torch.manual_seed(0)
     model = build_model("scratch", ModelConfig(**TINY_MODEL), 2000, 2000)

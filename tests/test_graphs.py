@@ -1,7 +1,7 @@
-"""CUDA graph updates (nmt.core.graphs), checked on the CPU where they cannot be captured: what a
-capture needs of the update, which the CPU can show.
+"""CUDA graph updates (nmt.training.graphs), checked on the CPU where they cannot be captured:
+what a capture needs of the update, which the CPU can show.
 
-- The update a graph records (nmt.stages.train.graph_body) is the update training makes eagerly:
+- The update a graph records (nmt.training.step.graph_body) is the update training makes eagerly:
   the same weights after three updates, bit for bit, for every model (a body that forgot the
   clipping or divided by another token count fails).
 - It makes no host synchronization, which a capture refuses ("operation not permitted when
@@ -28,23 +28,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import REPO
 from nmt.core.codecs import PAD_ID
-from nmt.core.graphs import (
-    GraphedUpdates,
-    capturable_adam,
-    resolve_cuda_graphs,
-    resolve_pad_multiple,
-)
 from nmt.core.runs import Run
-from nmt.stages.train import (
-    HISTORY_FIELDS,
-    adam,
-    graph_body,
-    lr_factor,
-    setup,
-    train,
-    update,
-    update_or_fall_back,
-)
+from nmt.training.graphs import GraphedUpdates, resolve_cuda_graphs, resolve_pad_multiple
+from nmt.training.loop import setup, train
+from nmt.training.step import graph_body, lr_factor, updater
 from train_helpers import params_file, tiny_data, tiny_params, train_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -72,16 +59,35 @@ def data(prepared, tmp_path_factory):
     return tiny_data(prepared, tmp_path_factory.mktemp("graphs"), train=96, val=32)
 
 
-def trainer_for(data, model: str, tmp_path, dropout: float = 0.1, **train):
-    """A tiny run's Trainer whose Adam is the one CUDA graphs replay (fused, capturable, its
-    lr a tensor: all three run on the CPU too), with its lr schedule."""
+def graphed_updater(*args, **kwargs):
+    """step.updater with train.cuda_graphs on, its GraphedUpdates taken away: an eager update
+    with the Adam CUDA graphs replay (fused, capturable, its lr a tensor: all three run on the
+    CPU too) and its lr schedule."""
+    update = updater(*args, **{**kwargs, "graphs_on": True})
+    update.graphs = None
+    return update
+
+
+def trainer_for(data, model: str, tmp_path, dropout: float = 0.1, graphs: bool = False,
+                **train):
+    """A tiny run's Trainer that updates with graphed_updater's Adam; with `graphs`, through
+    GraphedUpdates too (on a CPU their first capture fails)."""
     settings = tiny_params(clip_grad_norm=0.5, label_smoothing=0.1, warmup_steps=2, **train)
     settings["model"]["dropout"] = dropout
     trainer = setup(settings, train_paths(data, tmp_path, Run("published", model, 0)))
-    trainer.optimizer = adam(trainer.model, trainer.config, trainer.device, graphs=True)
-    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(
-        trainer.optimizer, trainer.scheduler.lr_lambdas[0])
+    trainer.update = graphed_updater(trainer.model, trainer.config, trainer.device,
+                                     precision=trainer.precision,
+                                     total_updates=trainer.total_updates)
+    if graphs:
+        trainer.update.graphs = GraphedUpdates(body(trainer), trainer.update.optimizer,
+                                               trainer.device)
     return trainer
+
+
+def body(trainer):
+    """The update a graph of the trainer records."""
+    update = trainer.update
+    return graph_body(update.model, update.optimizer, update.device, update.config)
 
 
 def batches(trainer, n: int):
@@ -95,36 +101,36 @@ def tokens(tgt: torch.Tensor) -> int:
 @pytest.mark.parametrize("model", MODELS)
 def test_the_captured_update_is_the_eager_update(data, tmp_path, model):
     """Three updates through graph_body (gradients set to None first, lr schedule stepped
-    after, as nmt.core.graphs replays them) leave the weights update() leaves, bit for bit."""
+    after, as nmt.training.graphs replays them) leave the weights update() leaves, bit for bit."""
     eager = trainer_for(data, model, tmp_path / "eager", dropout=0.0)
     graphed = trainer_for(data, model, tmp_path / "graphed", dropout=0.0)
-    body = graph_body(graphed)
+    recorded = body(graphed)
     for src, tgt in batches(eager, 3):
-        update(eager, [(src, tgt, True)])
-        graphed.optimizer.zero_grad(set_to_none=True)
-        body(src, tgt, torch.tensor(float(tokens(tgt)), dtype=torch.float64))
-        graphed.scheduler.step()
+        eager.update([(src, tgt, True)])
+        graphed.update.optimizer.zero_grad(set_to_none=True)
+        recorded(src, tgt, torch.tensor(float(tokens(tgt)), dtype=torch.float64))
+        graphed.update.scheduler.step()
     weights = eager.model.state_dict()
     for name, value in graphed.model.state_dict().items():
         assert torch.equal(value, weights[name]), name
     # The schedule filled the lr tensor in place: after 3 updates, 2 of warmup, sqrt(2/4) x lr.
     expected = graphed.config.lr * lr_factor(4, 2, "inverse_sqrt")
     for trainer in (eager, graphed):
-        assert abs(float(trainer.optimizer.param_groups[0]["lr"]) - expected) < 1e-10
+        assert abs(float(trainer.update.optimizer.param_groups[0]["lr"]) - expected) < 1e-10
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("model", MODELS)
 def test_the_captured_update_reads_nothing_back_to_the_host(data, tmp_path, model, precision):
     trainer = trainer_for(data, model, tmp_path, precision=precision)
-    body = graph_body(trainer)
+    recorded = body(trainer)
     (src, tgt), = batches(trainer, 1)
     total = torch.tensor(float(tokens(tgt)), dtype=torch.float64)
-    body(src, tgt, total)  # Adam's state made, as the eager warm-up updates make it
-    trainer.optimizer.zero_grad(set_to_none=True)
+    recorded(src, tgt, total)  # Adam's state made, as the eager warm-up updates make it
+    trainer.update.optimizer.zero_grad(set_to_none=True)
     with HostReads() as reads:
-        loss = body(src, tgt, total)
-    assert reads.seen == []
+        loss, means = recorded(src, tgt, total)
+    assert reads.seen == [] and set(means) == {"grad_norm"}
     with HostReads() as planted:  # what the check catches: the loss read for a log line
         loss.item()
     assert planted.seen == ["aten._local_scalar_dense.default"]
@@ -167,19 +173,18 @@ def test_training_batches_are_padded_to_the_resolved_multiple(data, tmp_path, se
 
 def test_a_cpu_run_has_no_graphs_and_a_plain_lr(data, tmp_path):
     trainer = setup(tiny_params(), train_paths(data, tmp_path, Run("published", "scratch", 0)))
-    assert trainer.config.cuda_graphs == "auto" and trainer.graphs is None
-    group = trainer.optimizer.param_groups[0]
+    assert trainer.config.cuda_graphs == "auto" and trainer.update.graphs is None
+    group = trainer.update.optimizer.param_groups[0]
     assert isinstance(group["lr"], float) and not group["capturable"]
 
 
 def test_a_failed_capture_updates_eagerly_and_says_why(data, tmp_path, caplog):
     eager = trainer_for(data, "scratch", tmp_path / "eager", dropout=0.0)
-    failing = trainer_for(data, "scratch", tmp_path / "failing", dropout=0.0)
-    failing.graphs = GraphedUpdates(graph_body(failing), failing.optimizer, failing.device)
+    failing = trainer_for(data, "scratch", tmp_path / "failing", dropout=0.0, graphs=True)
     for src, tgt in batches(eager, 2):
-        update(eager, [(src, tgt, True)])
-        update_or_fall_back(failing, [(src, tgt, True)])
-    assert failing.graphs is None and "accelerator" in failing.graphs_failed
+        eager.update([(src, tgt, True)])
+        failing.update([(src, tgt, True)])
+    assert failing.update.graphs is None and "accelerator" in failing.update.graphs_failed
     warnings = [r.getMessage() for r in caplog.records if "CUDA graph" in r.getMessage()]
     assert len(warnings) == 1 and "updating eagerly from here" in warnings[0]
     weights = eager.model.state_dict()
@@ -201,14 +206,14 @@ def test_a_capture_out_of_memory_frees_the_graphs_and_updates_eagerly(data, tmp_
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: tensor)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", out_of_memory)
     eager = trainer_for(data, "scratch", tmp_path / "eager", dropout=0.0)
-    failing = trainer_for(data, "scratch", tmp_path / "failing", dropout=0.0)
-    graphs = failing.graphs = GraphedUpdates(graph_body(failing), failing.optimizer,
-                                             failing.device)
+    failing = trainer_for(data, "scratch", tmp_path / "failing", dropout=0.0, graphs=True)
+    graphs = failing.update.graphs
     graphs.warmup_left, graphs.pool = 0, object()  # as if earlier shapes had been captured
     for src, tgt in batches(eager, 2):
-        update(eager, [(src, tgt, True)])
-        update_or_fall_back(failing, [(src, tgt, True)])
-    assert failing.graphs is None and failing.graphs_failed.startswith("OutOfMemoryError: CUDA")
+        eager.update([(src, tgt, True)])
+        failing.update([(src, tgt, True)])
+    assert (failing.update.graphs is None
+            and failing.update.graphs_failed.startswith("OutOfMemoryError: CUDA"))
     assert graphs.graphs == {} and graphs.pool is None
     warnings = [r.getMessage() for r in caplog.records if "CUDA graph" in r.getMessage()]
     assert len(warnings) == 1 and "updating eagerly from here" in warnings[0]
@@ -221,17 +226,16 @@ def test_a_capture_out_of_memory_frees_the_graphs_and_updates_eagerly(data, tmp_
 def test_out_of_memory_outside_a_capture_is_raised(data, tmp_path, monkeypatch, graphed):
     """Only a capture falls back: out of memory in an eager update, or in a graphed update that
     captures nothing (here the warm-up), stops the run as before, graphs kept."""
-    trainer = trainer_for(data, "scratch", tmp_path)
+    trainer = trainer_for(data, "scratch", tmp_path, graphs=graphed)
     if graphed:
-        trainer.graphs = GraphedUpdates(graph_body(trainer), trainer.optimizer, trainer.device)
         monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: tensor)
         monkeypatch.setattr(GraphedUpdates, "warm_up", out_of_memory)
     else:
-        monkeypatch.setattr(trainer.optimizer, "step", out_of_memory)
+        monkeypatch.setattr(trainer.update.optimizer, "step", out_of_memory)
     (src, tgt), = batches(trainer, 1)
     with pytest.raises(torch.OutOfMemoryError):
-        update_or_fall_back(trainer, [(src, tgt, True)])
-    assert (trainer.graphs is not None) == graphed and trainer.graphs_failed == ""
+        trainer.update([(src, tgt, True)])
+    assert (trainer.update.graphs is not None) == graphed and trainer.update.graphs_failed == ""
 
 
 def numbers_in(value) -> list:
@@ -246,16 +250,16 @@ def numbers_in(value) -> list:
 def test_a_tensor_lr_is_written_as_a_number(data, tmp_path, monkeypatch):
     """With CUDA graphs the lr is a device tensor (capturable Adam): history.csv and train.json
     still hold plain numbers, never `tensor(0.0005, device='cuda:0')`."""
-    monkeypatch.setattr("nmt.stages.train.loop.adam", lambda model, config, device, graphs:
-                        capturable_adam(model.parameters(), config.lr, config.betas, config.eps,
-                                        device))
+    monkeypatch.setattr("nmt.training.loop.updater", graphed_updater)
     run = Run("published", "scratch", 0)
     summary = train(tiny_params(epochs=2, warmup_steps=2),
                     train_paths(data, tmp_path, run))
     files = run.files(tmp_path)
     with open(files.history) as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 and all(set(row) == set(HISTORY_FIELDS) for row in rows)
+    columns = {"epoch", "train_loss", "valid_loss", "lr", "grad_norm", "seconds",
+               "tokens_per_second"}
+    assert len(rows) == 2 and all(set(row) == columns for row in rows)
     for row in rows:
         for name, text in row.items():
             assert float(text) == float(text), f"history.csv {name}: {text!r}"  # parses, no NaN

@@ -2,9 +2,11 @@
 
     models    the three models                  imports nothing of nmt
     core      what several stages share         models
+    training  the loop, the update, resume, ... core, models
     pipeline  declaration, params, recipes, ... core, models
-    stages    one module (or package) a stage   pipeline, core, models; never another stage
-    commands  nmt commands that are no stage    stages, pipeline, core, models
+    stages    one module (or package) a stage   pipeline, training, core, models; never
+                                                another stage
+    commands  nmt commands that are no stage    stages, pipeline, training, core, models
     cli.py    the `nmt` command                 everything
 
 Every import counts, a function's own included (cli and the commands import late, for speed).
@@ -22,13 +24,14 @@ import pytest
 from conftest import REPO
 
 SRC = REPO / "src"
-LAYERS = ("models", "core", "pipeline", "stages", "commands")
+LAYERS = ("models", "core", "training", "pipeline", "stages", "commands")
 MAY_IMPORT = {  # a layer: the layers below it that it may import (itself: see `allowed`)
     "models": set(),
     "core": {"models"},
+    "training": {"core", "models"},
     "pipeline": {"core", "models"},
-    "stages": {"pipeline", "core", "models"},
-    "commands": {"stages", "pipeline", "core", "models"},
+    "stages": {"pipeline", "training", "core", "models"},
+    "commands": {"stages", "pipeline", "training", "core", "models"},
 }
 
 
@@ -101,6 +104,9 @@ def test_every_module_lies_in_a_layer():
     ("models/config.py", "from nmt.core.errors import NmtError"),  # models: nothing of nmt
     ("core/data.py", "from nmt.stages.vocab import build_vocab"),  # core: no stage
     ("core/files.py", "from nmt.pipeline import recipes"),  # core: not the pipeline
+    ("core/loss.py", "from nmt.training import step"),  # core: not training
+    ("training/loop.py", "from nmt.pipeline import recipes"),  # training: not the pipeline
+    ("training/step.py", "from nmt.stages import bench"),  # training: no stage
     ("pipeline/params.py", "from nmt.stages import train"),  # pipeline: no stage
     ("stages/evaluate.py", "from nmt.stages.train import Paths"),  # a stage: no other stage
     ("stages/verify/measure.py", "from nmt.stages import bench"),  # (inside a package too)
@@ -120,7 +126,7 @@ def test_a_planted_upward_import_is_found(tmp_path, where, planted):
 def test_a_stage_may_import_its_own_package():
     assert allowed("nmt.stages.verify", "nmt.stages.verify.measure")
     assert allowed("nmt.stages.verify.equivalence", "nmt.stages.verify.checklist")
-    assert allowed("nmt.stages.train", "nmt.stages")  # the package's own docstring module
+    assert allowed("nmt.stages.verify", "nmt.stages")  # the package's own docstring module
     assert not allowed("nmt.stages.verify.equivalence", "nmt.stages.train")
 
 
@@ -129,7 +135,7 @@ def test_the_readmes_layout_table_names_every_module():
     folder), so the table a newcomer reads is the tree that is there."""
     rows = {line.split("|")[1].strip(" `"): line for line in
             (REPO / "README.md").read_text().splitlines() if line.startswith("| `src/nmt/")}
-    for layer in ("core", "pipeline", "stages", "commands"):
+    for layer in ("core", "training", "pipeline", "stages", "commands"):
         folder = SRC / "nmt" / layer
         row = rows[f"src/nmt/{layer}/"]
         names = [p.name for p in folder.glob("*.py") if p.name != "__init__.py"]

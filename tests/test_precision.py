@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
-from nmt.core import precision
-from nmt.core.precision import BF16_MIN_SPEEDUP, Workload, calibration, choose
+from nmt.training import precision
+from nmt.training.precision import BF16_MIN_SPEEDUP, Workload, calibration, choose
 
 CPU = torch.device("cpu")
 TINY = {"model": {"num_encoder_layers": 1, "num_decoder_layers": 1, "d_model": 32, "nhead": 2,

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.core import resume
 from nmt.core.checkpoint import read
 from nmt.core.codecs import load_codecs
 from nmt.core.data import load_pairs
@@ -23,6 +22,7 @@ from nmt.core.errors import NmtError
 from nmt.core.records import RECORD, check_folder, read_sums, recorded_stage, verified
 from nmt.pipeline.params import load_params
 from nmt.stages import vocab
+from nmt.training import resume
 from test_robustness import PARAMS, save_tiny
 
 PUBLISHED = load_params(PARAMS)

@@ -94,7 +94,9 @@ def fake_run(params: dict, run: Run, results: Path, data: dict) -> None:
     epoch = np.arange(1, epochs + 1)
     history = pd.DataFrame({"epoch": epoch, "train_loss": 5 / epoch + gap + 0.1 * run.seed,
                             "valid_loss": 4 / epoch + gap + 1,
-                            "lr": 1e-4, "seconds": 50.0, "tokens_per_second": 9000.0})
+                            "lr": 1e-4, "seconds": 50.0, "tokens_per_second": 9000.0}
+                           # a run trained before grad_norm was logged lacks the column
+                           | ({"grad_norm": 2 / epoch + gap} if run.seed == 0 else {}))
     write_text(folder / "history.csv", history.to_csv(index=False))
     write_json(folder / "train.json", {
         "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
@@ -223,9 +225,11 @@ def test_figures_exist_and_are_linked_relatively(full):
     figures = paths["reports"] / "figures"
     assert sorted(p.name for p in figures.iterdir()) == [
         "attention_baseline.png", "attention_decoder_only.png", "attention_scratch.png",
-        "loss.png"]
+        "loss.png", "training.png"]
     assert_real_png(figures / "loss.png", min_width=1000)  # two panels side by side
-    for name in ("attention_baseline.png", "attention_decoder_only.png"):
+    # lr, grad_norm, seconds, tokens_per_second side by side: every column but the losses
+    assert_real_png(figures / "training.png", min_width=1600)
+    for name in ("attention_baseline.png", "attention_decoder_only.png", "training.png"):
         assert_real_png(figures / name)
         assert f"](figures/{name})" in text
     assert "](figures/loss.png)" in text and "](/" not in text
@@ -270,7 +274,7 @@ def test_one_test_set_two_models(tmp_path, mirror):
     assert "± - (1)" in text
     assert len(pd.read_csv(paths["reports"] / "results.csv")) == 2
     assert sorted(p.name for p in (paths["reports"] / "figures").iterdir()) == [
-        "attention_baseline.png", "attention_decoder_only.png", "loss.png"]
+        "attention_baseline.png", "attention_decoder_only.png", "loss.png", "training.png"]
 
 
 def test_one_model_and_its_ablation(tmp_path, mirror):

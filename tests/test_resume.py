@@ -1,9 +1,10 @@
 """Interrupted training resumes to the same numbers: SIGKILL anywhere, SIGTERM, SIGINT.
 
 Killed runs are real processes (`python -m nmt train` with the test hook NMT_TEST_KILL_AT,
-read in nmt/core/resume.py); each is resumed in this process and its outputs compared byte for byte
-with an uninterrupted run: best.pt, last.pt, history.csv and train.json (wall-clock columns
-aside, nmt.stages.train.TIMING_FIELDS). Tiny model, 300 pairs: 10 updates an epoch, 3 epochs.
+read in nmt/training/resume.py); each is resumed in this process and its outputs compared byte
+for byte with an uninterrupted run: best.pt, last.pt, history.csv and train.json (wall-clock
+columns aside, nmt.training.loop.TIMING_FIELDS). Tiny model, 300 pairs: 10 updates an epoch,
+3 epochs.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import torch
 import yaml
 
 from nmt import cli
-from nmt.core import resume
-from nmt.core.resume import StopSignals
 from nmt.core.runs import Run
+from nmt.training import resume
+from nmt.training.resume import StopSignals
 from train_helpers import assert_same_outputs, nmt_process, params_file, tiny_data, train_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")

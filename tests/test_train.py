@@ -18,7 +18,9 @@ from nmt.core.data import Batches, load_pairs
 from nmt.core.errors import NmtError
 from nmt.core.loss import corpus_loss
 from nmt.core.runs import Run
-from nmt.stages.train import expected_minutes, lr_factor, train
+from nmt.training.loop import train
+from nmt.training.meter import expected_minutes
+from nmt.training.step import lr_factor
 from train_helpers import nmt_process, params_file, tiny_data, tiny_params, train_argv, train_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")

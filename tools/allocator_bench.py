@@ -3,10 +3,11 @@
 The scratch model of the demo recipe's size (2+2 layers, d_model 128, 4 heads, ffn 512; the
 demo's vocabulary sizes, 8,012 and 6,190 words) trains on one random batch of 160 sentences
 of 26 tokens (4,160 target tokens, as the demo's 4,096-token batches): forward, backward and
-Adam, as `nmt bench` steps (nmt.stages.bench.make_step). Each setting runs in a process of its own
-(the allocator's state is per process), the two alternating, `--pairs` times; each process
-times `--steps` steps after 2 untimed ones. Printed per process: the median milliseconds a
-step, the minor page faults of its last step, and its peak resident memory.
+Adam, an update as `nmt train` makes it (nmt.training.step.Updater). Each setting runs in a
+process of its own (the allocator's state is per process), the two alternating, `--pairs`
+times; each process times `--steps` steps after 2 untimed ones. Printed per process: the
+median milliseconds a step, the minor page faults of its last step, and its peak resident
+memory.
 
     python tools/allocator_bench.py [--threads 2] [--pairs 3] [--steps 8]
 """
@@ -34,20 +35,21 @@ def one_process(kept: bool, threads: int, steps: int) -> dict:
     import torch
 
     from nmt.models import ModelConfig, build_model
-    from nmt.stages.bench import make_step
+    from nmt.training.step import UpdateConfig, Updater
 
     torch.manual_seed(0)
     torch.set_num_threads(threads)
     cfg = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=128, nhead=4,
                       dim_feedforward=512, dropout=0.1, max_len=128)
-    train_step = make_step(build_model("scratch", cfg, SRC_VOCAB, TGT_VOCAB).train(),
-                           torch.device("cpu"))
+    model = build_model("scratch", cfg, SRC_VOCAB, TGT_VOCAB).train()
+    update = Updater(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-4),
+                     scheduler=None, device=torch.device("cpu"), config=UpdateConfig())
     src = torch.randint(4, SRC_VOCAB, (SENTENCES, LENGTH))
     tgt = torch.randint(4, TGT_VOCAB, (SENTENCES, LENGTH))
     seconds, faults = [], 0
     for step in range(steps + 2):
         before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-        train_step(src, tgt)
+        update([(src, tgt, True)])
         if step >= 2:
             seconds.append(time.perf_counter() - start)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before

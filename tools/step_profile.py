@@ -1,7 +1,7 @@
 """Where a training step's time goes: torch.profiler over the steps `nmt bench` times.
 
 A model of a recipe (default: scratch, of recipe demo) takes Adam steps on the recipe's first
-training batches, in fp32 and in bf16 autocast, the step `nmt bench` times (bench.make_step).
+training batches, in fp32 and in bf16 autocast, the update `nmt bench` times (bench.make_update).
 The profiler's self CPU time of every operator is summed into kinds: matrix products, fused
 attention, softmax and loss, layer norm, dropout, other element-wise work, the casts bf16 adds,
 the optimizer, and the rest; each kind is printed with its milliseconds a step and its share.
@@ -32,7 +32,7 @@ from nmt.core.runtime import seed_everything
 from nmt.models import ModelConfig, build_model
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
-from nmt.stages.bench import SpeedPlan, bench_inputs, make_step, train_flops
+from nmt.stages.bench import SpeedPlan, bench_inputs, make_update, train_flops
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,8 +108,10 @@ def main() -> None:
     for precision in args.precisions:
         seed_everything(0)
         model = build_model(args.model, cfg, len(codecs[0]), len(codecs[1])).train()
+        update = make_update(model, settings, device, precision, graphs=False,
+                             updates=len(batches) * (args.repeats + 1))
         by_kind, by_op, wall, faults = profile_steps(
-            make_step(model, device, precision=precision), batches, args.repeats)
+            lambda src, tgt, update=update: update([(src, tgt, True)]), batches, args.repeats)
         total = sum(by_kind.values())
         print(f"\n{precision}: {wall:.0f} ms a step (profiled; {flops / wall / 1e6:.1f} "
               f"GFLOP/s), operators' self time {total:.0f} ms, {faults:,.0f} page faults")

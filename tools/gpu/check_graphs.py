@@ -1,4 +1,4 @@
-"""Before a full GPU run: do CUDA graph updates (nmt.core.graphs) train as eager updates do, do
+"""Before a full GPU run: do CUDA graph updates (nmt.training.graphs) train as eager updates do, do
 their dropout masks change on every replay, and how much faster are they? About a minute on a
 GPU, from the carried data/:
 
@@ -50,7 +50,8 @@ from nmt.core.runs import Run  # noqa: E402
 from nmt.pipeline.params import load_params  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
 from nmt.stages.bench import sync  # noqa: E402
-from nmt.stages.train import Paths, graph_body, setup, update  # noqa: E402
+from nmt.training.loop import Paths, setup  # noqa: E402
+from nmt.training.step import graph_body  # noqa: E402
 
 WEIGHT_TOLERANCE = 2e-2  # relative L2 difference of any weight tensor
 LOSS_TOLERANCE = 2e-2  # relative difference of the last updates' summed loss
@@ -79,12 +80,12 @@ def train_updates(run, updates: int) -> dict:
         sync(run.device)
         started = time.perf_counter()
         for src, tgt in batches:
-            loss, tokens = update(run, [(src, tgt, True)])
-            losses.append(loss / tokens)
+            updated = run.update([(src, tgt, True)])
+            losses.append(updated.loss_sum / updated.tokens)
         sync(run.device)
     ms = 1000 * (time.perf_counter() - started) / len(batches)
     return {"losses": [float(loss) for loss in losses], "ms_per_update": round(ms, 2),
-            "cuda_graphs": len(run.graphs.graphs) if run.graphs else 0}
+            "cuda_graphs": len(run.update.graphs.graphs) if run.update.graphs else 0}
 
 
 def equivalence(runs: dict, updates: int) -> dict:
@@ -115,24 +116,27 @@ def still_updater(run):
     """A function making one update of the run on its first batch at lr 0, returning its loss a
     token: with graphs a replay (the warm-up's eager updates made first), else an eager update
     (the body a graph records)."""
-    for group in run.optimizer.param_groups:
+    update = run.update
+    for group in update.optimizer.param_groups:
         if torch.is_tensor(group["lr"]):
             group["lr"].fill_(0.0)  # in place: the captured Adam step reads this tensor
         else:
             group["lr"] = 0.0
     src, tgt, total = first_batch(run)
-    if run.graphs is None:
-        body, device = graph_body(run), run.device
+    if update.graphs is None:
+        device = run.device
+        body = graph_body(run.model, update.optimizer, device, update.config)
         total_on_device = torch.tensor(total, dtype=torch.float64, device=device)
 
         def eager():
-            run.optimizer.zero_grad(set_to_none=True)
-            return float(body(src.to(device), tgt.to(device), total_on_device)) / total
+            update.optimizer.zero_grad(set_to_none=True)
+            loss, _ = body(src.to(device), tgt.to(device), total_on_device)
+            return float(loss) / total
 
         return eager
-    while run.graphs.warmup_left:
-        run.graphs(src, tgt, total)
-    return lambda: float(run.graphs(src, tgt, total)) / total
+    while update.graphs.warmup_left:
+        update.graphs(src, tgt, total)
+    return lambda: float(update.graphs(src, tgt, total)[0]) / total
 
 
 @torch.no_grad()
@@ -211,7 +215,7 @@ def dropout_checks(settings: dict, args, still_off, results: Path) -> dict:
                       + statistics.variance(eager) / REPLAYS)
     gap = abs(statistics.mean(replayed) - statistics.mean(eager))
     return {
-        "dropout": settings["model"]["dropout"], "graphed": run.graphs is not None,
+        "dropout": settings["model"]["dropout"], "graphed": run.update.graphs is not None,
         "dropout_fresh_masks": {
             "losses_on": [round(x, 6) for x in replayed],
             "losses_off": [round(x, 6) for x in without],

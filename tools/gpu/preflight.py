@@ -43,9 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 from nmt.core.codecs import load_codecs  # noqa: E402
 from nmt.core.data import Batches, load_pairs  # noqa: E402
-from nmt.core.graphs import resolve_cuda_graphs, resolve_pad_multiple  # noqa: E402
 from nmt.core.loss import token_loss  # noqa: E402
-from nmt.core.precision import Workload, choose  # noqa: E402
 from nmt.core.runtime import (  # noqa: E402
     ATTENTION_KERNELS,
     ATTENTION_KERNELS_ENV,
@@ -58,6 +56,8 @@ from nmt.models import ModelConfig, build_model  # noqa: E402
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline  # noqa: E402
 from nmt.pipeline.params import load_params  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
+from nmt.training.graphs import resolve_cuda_graphs, resolve_pad_multiple  # noqa: E402
+from nmt.training.precision import Workload, choose  # noqa: E402
 
 BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}

@@ -6,5 +6,5 @@ pairs) and estimate (`nmt estimate`: a recipe's training minutes on this CPU).
 data_bench times the download, tokenize and vocab stages' own functions, so it sits above the
 stages, as nmt.cli does: a stage may not import another, a command may.
 
-May import: nmt.stages, nmt.pipeline, nmt.core, nmt.models (tests/test_layout.py).
+May import: nmt.stages, nmt.pipeline, nmt.training, nmt.core, nmt.models (tests/test_layout.py).
 """

@@ -114,7 +114,7 @@ def resolve_compile(compile_setting: bool | str, device: torch.device) -> bool:
 def autocast(device: torch.device, precision: str = "fp32", cache_casts: bool = True):
     """bf16 autocast when the precision resolves to bf16 (matmuls and attention in bf16,
     reductions and the loss in float32); a no-op for fp32. `cache_casts` False: no cache of
-    the weights' bf16 copies, which a CUDA graph capture requires (nmt.core.graphs)."""
+    the weights' bf16 copies, which a CUDA graph capture requires (nmt.training.graphs)."""
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"autocast takes a resolved precision, fp32 or bf16, not {precision!r}")
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16,

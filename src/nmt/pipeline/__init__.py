@@ -4,6 +4,6 @@ pipeline reads (corpus), the checks before long work starts (preflight), the gua
 one orchestrator run at a time (orchestrators) and the record of what a stage reads
 (tracking).
 
-May import: nmt.core (and nmt.models through it). Never a stage, nmt.commands or nmt.cli
-(tests/test_layout.py holds the direction).
+May import: nmt.core (and nmt.models through it). Never nmt.training, a stage, nmt.commands or
+nmt.cli (tests/test_layout.py holds the direction).
 """

@@ -1,4 +1,4 @@
-"""The pipeline's stages, one module (verify, train: one package) a stage, each `stage(settings,
+"""The pipeline's stages, one module (verify: one package) a stage, each `stage(settings,
 paths)` with a small Paths dataclass of the files it reads and writes; workflow/stages.yaml
 declares it for DVC and Snakemake.
 
@@ -10,6 +10,7 @@ module here is a stage; none is imported until its subcommand is named):
 and where it needs them: MEMORY_FIX (what to make smaller when it runs out of memory),
 interrupted_note(args), SETS_OWN_THREADS.
 
-May import: nmt.pipeline, nmt.core, nmt.models. Never another stage: what two stages share
-belongs in nmt.core (tests/test_layout.py holds the direction).
+May import: nmt.pipeline, nmt.training, nmt.core, nmt.models. Never another stage: what two
+stages share belongs in nmt.core, or in nmt.training where it is training's (the update bench
+times; the precision evaluate decodes in) (tests/test_layout.py holds the direction).
 """

@@ -1,7 +1,9 @@
 """`nmt bench`: training and decoding speed of both models on the same real data, one process.
 
 Both models hold the same weights (through the state-dict mapping), so they do the same work.
-Training: the same batches through both models (Adam steps), in target tokens per second.
+Training: the same batches through both models, each an update nmt train makes (one function
+builds both: nmt.training.step.updater, with the recipe's label smoothing, clipping, Adam and
+lr schedule), in target tokens per second.
 Decoding: the same test sentences, greedy and beam search, in sentences per second. Each
 figure is the median of several repeats that alternate between the models, after an untimed
 warm-up pass. Ratios are scratch / baseline: > 1 means the scratch model is faster. Training
@@ -31,15 +33,6 @@ from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.data import Batches, load_pairs, padding_fraction
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.files import write_json
-from nmt.core.graphs import (
-    GraphedUpdates,
-    capturable_adam,
-    resolve_cuda_graphs,
-    resolve_pad_multiple,
-    update_body,
-)
-from nmt.core.loss import token_loss
-from nmt.core.precision import choices, recorded
 from nmt.core.runtime import (
     autocast,
     bound_gpu_memory,
@@ -51,6 +44,10 @@ from nmt.models import ModelConfig, build_model
 from nmt.models.mapping import baseline_to_scratch
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
+from nmt.training.config import TrainConfig
+from nmt.training.graphs import resolve_cuda_graphs, resolve_pad_multiple
+from nmt.training.precision import choices, recorded
+from nmt.training.step import Updater, updater
 
 log = logging.getLogger("nmt.bench")
 
@@ -116,33 +113,18 @@ def train_flops(cfg: ModelConfig, tgt_vocab_size: int, batches) -> float:
     return total
 
 
-def make_step(model, device, graphs: bool = False, precision: str = "fp32"):
-    """One Adam training step of `model` on a batch in `precision`, as nmt train takes it:
-    eagerly, or with `graphs` (CUDA) replayed as a CUDA graph per batch shape (nmt.core.graphs)."""
-    if graphs:
-        return graphed_step(model, device, precision)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
-                           fused=device.type == "cuda")
-
-    def step(src, tgt):
-        loss, n = token_loss(model, src, tgt, device, precision=precision)
-        opt.zero_grad(set_to_none=True)
-        (loss / n).backward()
-        opt.step()
-
-    return step
-
-
-def graphed_step(model, device, precision: str):
-    """make_step's step through nmt.core.graphs, with the capturable Adam nmt train uses there."""
-    opt = capturable_adam(model.parameters(), 1e-4, (0.9, 0.98), 1e-9, device)
-    updates = GraphedUpdates(update_body(model, opt, device, precision=precision), opt, device)
-    return lambda src, tgt: updates(src, tgt, float((tgt[:, 1:] != PAD_ID).sum()))
+def make_update(model, settings: dict, device, precision: str, graphs: bool,
+                updates: int) -> Updater:
+    """The update nmt train makes (nmt.training.step.updater), for the recipe's train:
+    settings (Adam, lr schedule, label smoothing, clipping) in `precision`, eager or with
+    `graphs` replayed as CUDA graphs; its lr schedule spans the `updates` bench makes."""
+    return updater(model, TrainConfig.from_dict(settings["train"]), device,
+                   precision=precision, total_updates=updates, graphs_on=graphs)
 
 
 def decoder(model, sources, device, dc: DecodeConfig, precision: str = "fp32"):
     """A function that decodes every source once, batched as nmt evaluate does, in
-    `precision` (as evaluate decodes: nmt.core.precision's choice for decoding)."""
+    `precision` (as evaluate decodes: nmt.training.precision's choice for decoding)."""
 
     def decode():
         with autocast(device, precision):
@@ -220,8 +202,10 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
         runs = {name: decoder(m, test, device, dc, decoding) for name, m in models.items()}
         seconds, _ = interleaved(runs, plan.repeats, device)
         out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
-    out |= training_speed(models, timed, plan.repeats, device, cfg, len(tgt_codec),
-                          precision, graphs)
+    updates = {name: make_update(m.train(), settings, device, precision, graphs,
+                                 len(timed) * (plan.repeats + 1))
+               for name, m in models.items()}
+    out |= training_speed(updates, timed, plan.repeats, device, cfg, len(tgt_codec))
     for key in ("train", "greedy", "beam"):
         out[key]["ratio"] = round(out[key]["scratch"] / out[key]["baseline"], 3)
     print_speeds(out)
@@ -280,25 +264,22 @@ def twin_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, devi
     return {name: m.to(device).eval() for name, m in models.items()}
 
 
-def training_speed(models: dict, timed: list, repeats: int, device, cfg: ModelConfig,
-                   tgt_vocab_size: int, precision: str, graphs: bool) -> dict:
-    """Training tokens/s, peak memory (CUDA) and MFU of each model on the timed batches in
-    `precision` (bf16 or fp32): with `graphs` its updates replayed as CUDA graphs, as nmt train
-    runs them (eagerly, with a warning, if a capture fails; `cuda_graphs` says which was
+def training_speed(updates: dict[str, Updater], timed: list, repeats: int, device,
+                   cfg: ModelConfig, tgt_vocab_size: int) -> dict:
+    """Training tokens/s, peak memory (CUDA) and MFU of each model's updates on the timed
+    batches, in their precision, replayed as CUDA graphs where nmt train would (eagerly, with a
+    warning, if a capture fails: the untimed pass finds it; `cuda_graphs` says which was
     timed). MFU is of the peak of the precision trained in (peak_flops; none without one)."""
     before = peak_flops(device)  # measured before and after the steps, the higher kept: on a
-    try:                         # shared machine one calibration can catch a slow moment
-        seconds, peak = time_steps(models, timed, repeats, device, graphs, precision)
-    except Exception as error:  # noqa: BLE001 - the eager steps raise any model error again
-        if not graphs or isinstance(error, (torch.OutOfMemoryError, MemoryError)):
-            raise  # (a capture's own out of memory comes as CaptureFailed: it falls back)
-        log.warning("a CUDA graph capture failed (%s): timing eager steps", error)
-        graphs = False
-        seconds, peak = time_steps(models, timed, repeats, device, graphs, precision)
+    runs = {name: (lambda update=update: [update([(src, tgt, True)]) for src, tgt in timed])
+            for name, update in updates.items()}  # shared machine one calibration can be slow
+    seconds, peak = interleaved(runs, repeats, device)
+    precision = next(iter(updates.values())).config.precision
     tokens = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt in timed)
     flops, after = train_flops(cfg, tgt_vocab_size, timed), peak_flops(device)
     peaks = {p: max(f, before[p]) for p, f in after.items()}
     top = peaks.get(precision)
+    failed = {name: u.graphs_failed for name, u in updates.items() if u.graphs_failed}
     return {"train": {name: round(tokens / s, 1) for name, s in seconds.items()},
             "precision": precision,
             "peak_memory_mib": {n: round(p / 2**20) for n, p in peak.items()}
@@ -307,15 +288,8 @@ def training_speed(models: dict, timed: list, repeats: int, device, cfg: ModelCo
             "peak_gflops": {p: round(f / 1e9, 1) for p, f in peaks.items()},
             "peak_measured": device.type == "cpu",
             "mfu": {n: round(flops / s / top, 4) for n, s in seconds.items()} if top else {},
-            "cuda_graphs": graphs}
-
-
-def time_steps(models: dict, timed: list, repeats: int, device, graphs: bool, precision: str):
-    """interleaved()'s seconds and peak memory of each model's training steps over `timed`."""
-    steps = {name: make_step(m.train(), device, graphs, precision) for name, m in models.items()}
-    runs = {name: (lambda step=step: [step(src, tgt) for src, tgt in timed])
-            for name, step in steps.items()}
-    return interleaved(runs, repeats, device)
+            "cuda_graphs": all(u.graphs is not None for u in updates.values()),
+            **({"cuda_graphs_failed": failed} if failed else {})}
 
 
 def print_speeds(out: dict) -> None:

@@ -23,7 +23,6 @@ from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.errors import NmtError, last_outputs
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.loss import token_loss
-from nmt.core.precision import Workload, choose
 from nmt.core.records import write_record
 from nmt.core.runs import Run, RunFiles
 from nmt.core.runtime import (
@@ -36,6 +35,7 @@ from nmt.core.text import read_lines
 from nmt.core.unknowns import detokenize_outputs, source_surfaces
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
+from nmt.training.precision import Workload, choose
 
 log = logging.getLogger("nmt.evaluate")
 
@@ -145,7 +145,7 @@ def evaluate(settings: dict, paths: Paths) -> dict:
     people compare), evaluation.json (what produced them), translations/ and attention.json.
     settings: the resolved recipe (evaluate, data.target_lang; model and train, which best.pt
     must have been trained with). The loss and the decoding run in train.precision resolved
-    for decoding: under `auto` a CPU decodes in the faster, measured (nmt.core.precision)."""
+    for decoding: under `auto` a CPU decodes in the faster, measured (nmt.training.precision)."""
     run, files = Run.parse(paths.run.folder.name), paths.run
     device = pick_device(settings["train"]["device"])
     bound_gpu_memory(device)

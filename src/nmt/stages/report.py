@@ -176,32 +176,59 @@ def load(params: dict, tokenized: Path, vocab_root: Path, results: Path) -> Inpu
 
 # --- figures ---------------------------------------------------------------------------------
 
+# history.csv's columns that the loss figure draws; every other one gets its own panel in the
+# training figure (lr, grad_norm, seconds, tokens_per_second, and any number a run logs later)
+LOSS_COLUMNS = ("epoch", "train_loss", "valid_loss")
+
+
 def plot_losses(inp: Inputs, path: Path) -> None:
     """Train (dashed) and validation (solid) loss per epoch, one panel a recipe: each seed a
     thin line, the mean over seeds bold, one colour a model."""
-    colors = {m: f"C{i}" for i, m in enumerate(inp.models)}
     n = len(inp.recipes)
     fig, axes = plt.subplots(1, n, figsize=(6 * n, 4.2), squeeze=False)
     for ax, recipe in zip(axes[0], inp.recipes, strict=True):
-        for model in inp.models:
-            histories = [inp.runs[Run(recipe, model, s)]["history"] for s in inp.seeds]
-            for h in histories if len(histories) > 1 else []:
-                for column, style in (("train_loss", "--"), ("valid_loss", "-")):
-                    ax.plot(h["epoch"], h[column], style, color=colors[model], lw=0.8,
-                            alpha=0.35)
-            common = min(len(h) for h in histories)  # epochs every seed reached
-            for column, style, what in (("train_loss", "--", "train"),
-                                        ("valid_loss", "-", "valid")):
-                mean = np.mean([h[column].to_numpy()[:common] for h in histories], axis=0)
-                ax.plot(histories[0]["epoch"][:common], mean, style, color=colors[model], lw=2,
-                        label=f"{model} {what}")
+        for column, style, what in (("train_loss", "--", "train"), ("valid_loss", "-", "valid")):
+            plot_seeds(ax, inp, recipe, column, style, what)
         seeds = f", mean of {len(inp.seeds)} seeds (thin: each seed)" if len(inp.seeds) > 1 else ""
         ax.set(title=f"recipe: {recipe}{seeds}", xlabel="epoch", ylabel="loss per token")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     save(fig, path)
+
+
+def plot_training(inp: Inputs, path: Path) -> None:
+    """Every other history.csv column per epoch (LOSS_COLUMNS: what the loss figure draws), a
+    panel each, one row a recipe: lr, the mean gradient norm of the epoch's updates (before
+    clipping), the epoch's seconds and tokens/s. Runs trained before a column existed lack it."""
+    columns = list(dict.fromkeys(c for r in inp.runs.values() for c in r["history"].columns
+                                 if c not in LOSS_COLUMNS))
+    rows, cols = len(inp.recipes), len(columns)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for row, recipe in zip(axes, inp.recipes, strict=True):
+        for ax, column in zip(row, columns, strict=True):
+            plot_seeds(ax, inp, recipe, column, "-", "")
+            ax.set(title=f"{recipe}: {column}", xlabel="epoch")
+        row[0].legend(fontsize=8)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def plot_seeds(ax, inp: Inputs, recipe: str, column: str, style: str, what: str) -> None:
+    """One history.csv column of the recipe's runs: each model's mean over seeds bold (over
+    the epochs every seed reached), each seed thin where there are several."""
+    for i, model in enumerate(inp.models):
+        histories = [h for s in inp.seeds
+                     if column in (h := inp.runs[Run(recipe, model, s)]["history"])]
+        if not histories:
+            continue
+        for h in histories if len(histories) > 1 else []:
+            ax.plot(h["epoch"], h[column], style, color=f"C{i}", lw=0.8, alpha=0.35)
+        common = min(len(h) for h in histories)
+        mean = np.mean([h[column].to_numpy()[:common] for h in histories], axis=0)
+        ax.plot(histories[0]["epoch"][:common], mean, style, color=f"C{i}", lw=2,
+                label=f"{model} {what}".strip())
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
 
 
 def plot_attention(attention: dict, title: str, path: Path) -> None:
@@ -228,8 +255,9 @@ def save(fig, path: Path) -> None:
 
 def draw_figures(inp: Inputs, folder: Path) -> dict[str, str]:
     """Every figure, into folder; returns {what: file name} for the sections to link."""
-    names = {"loss": "loss.png"}
+    names = {"loss": "loss.png", "training": "training.png"}
     plot_losses(inp, folder / names["loss"])
+    plot_training(inp, folder / names["training"])
     recipe, seed = inp.recipes[0], inp.seeds[0]
     for model in inp.models:
         attention = read_json(need(inp.run_files(recipe, model).attention))
@@ -481,9 +509,13 @@ def reference_curves(inp: Inputs) -> list[str]:
 
 
 def training_section(inp: Inputs, figures: dict[str, str]) -> list[str]:
-    """Loss curves, each run's training speed, and the speed benchmark."""
+    """Loss curves, the other curves of history.csv (lr, gradient norm, speed), each run's
+    training speed, and the speed benchmark."""
     testset = inp.testsets[0]
-    lines = ["## Training", "", f"![loss curves](figures/{figures['loss']})", ""]
+    lines = ["## Training", "", f"![loss curves](figures/{figures['loss']})", "",
+             "Per epoch: the learning rate, the mean gradient norm of the epoch's updates "
+             "(before clipping), seconds and tokens a second.", "",
+             f"![training curves](figures/{figures['training']})", ""]
     speed = pd.DataFrame([
         {"run": run.name, "device": r["train"]["device"], "epochs": r["train"]["epochs"],
          "best epoch": r["train"]["best_epoch"], "best valid loss": r["train"]["best_valid_loss"],
@@ -505,7 +537,7 @@ def machine_columns(summary: dict) -> dict:
 
 def machine_note(inp: Inputs) -> list[str]:
     """The devices the runs trained on, by name, and what their peak memory measures; the
-    precisions they trained and decoded in, and why (train.json: nmt.core.precision)."""
+    precisions they trained and decoded in, and why (train.json: nmt.training.precision)."""
     seen = sorted({f"{r['train']['device_name']} (peak memory: {r['train']['peak_memory_of']})"
                    for r in inp.runs.values() if "device_name" in r["train"]})
     kinds = (("training", ""), ("decoding", "decode_"))

@@ -2,7 +2,7 @@
 processes and waits for them.
 
 It imports no torch (about 2 s of CPU a launch, for a process that only waits): torchrun and
-the training processes import their own, and nmt.core.distributed is what those run.
+the training processes import their own, and nmt.training.distributed is what those run.
 """
 
 from __future__ import annotations

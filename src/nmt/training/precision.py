@@ -5,8 +5,8 @@ AVX512-BF16 but has no AMX, bf16 autocast made the demo's training step 0.75x as
 while on one with AMX it was 1.31x as fast (issue 48). So on a CPU, `auto` times the recipe's
 three models at the recipe's sizes both ways, once per machine, and keeps bf16 only where it
 is at least BF16_MIN_SPEEDUP as fast: fp32 is the reference, and bf16 rounds. Training times
-an update (forward, loss, backward, clipping, Adam: graphs.update_body, the update train
-replays); decoding times greedy search of a batch, as evaluate and train's validation decode.
+an update (forward, loss, backward, clipping, Adam: nmt.training.step, the update train
+makes); decoding times greedy search of a batch, as evaluate and train's validation decode.
 
 The measurement is cached in NMT_CACHE_DIR (default ~/.cache/nmt)/precision.json, one entry a
 machine (CPU model, torch's vector kernels and version, threads, oneDNN's and MKL's ISA caps),
@@ -36,9 +36,9 @@ import torch
 import nmt.models as models_package
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.files import write_json
-from nmt.core.graphs import update_body
 from nmt.core.runtime import autocast, cpuinfo_field
 from nmt.models import MODELS, ModelConfig, build_model
+from nmt.training.step import UpdateConfig, Updater
 
 log = logging.getLogger("nmt.precision")
 
@@ -262,15 +262,13 @@ def update(model: torch.nn.Module, batch: torch.Tensor, workload: Workload):
     """A function that takes one training update of `model` on `batch` in a precision."""
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    total = torch.tensor(float(batch[:, 1:].numel()))
-    bodies = {precision: update_body(model, optimizer, torch.device("cpu"), precision=precision,
-                                     label_smoothing=workload.label_smoothing,
-                                     clip=workload.clip, cache_casts=True)
-              for precision in PRECISIONS}
+    updaters = {precision: Updater(model=model, optimizer=optimizer, scheduler=None,
+                                   device=torch.device("cpu"), config=UpdateConfig(
+                                       precision, workload.label_smoothing, workload.clip))
+                for precision in PRECISIONS}
 
     def run(precision: str) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        bodies[precision](batch, batch, total)
+        updaters[precision]([(batch, batch, True)])
 
     return run
 

@@ -1,33 +1,21 @@
-"""Stage train: fit one model of one recipe (the work: loop.py); its command line here.
+"""Stage train: fit one model of one recipe. The work is nmt.training (the loop:
+nmt.training.loop.train); this module is its command line.
 
-A package, not one module, for one reason: `nmt train` with train.devices N > 1 only starts
-torchrun's N processes and waits (nmt.core.launch), and that process imports no torch (about
-2 s of CPU a launch). nmt.cli imports this file to build the subcommand, so it imports no
-torch; loop.py, which does, is imported when a training runs. Its names (`train`, `Paths`,
-`TrainConfig`, ...) are this package's too: `from nmt.stages.train import train` imports
-loop.py then.
+`nmt train` with train.devices N > 1 only starts torchrun's N processes and waits
+(nmt.training.launch), and that process imports no torch (about 2 s of CPU a launch). nmt.cli
+imports this module to build the subcommand, so it imports no torch either: the loop is
+imported when a training runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-from nmt.core.launch import launch, under_torchrun
 from nmt.core.runs import Run
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
-
-
-def __getattr__(name: str):
-    """The training's own names, from loop.py, imported on first use (PEP 562)."""
-    if not name.startswith("__") and name != "loop":  # (import machinery's own questions)
-        loop = importlib.import_module("nmt.stages.train.loop")
-        if hasattr(loop, name):
-            return getattr(loop, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+from nmt.training.launch import launch, under_torchrun
 
 # ---- `nmt train`: nmt.cli builds the subcommand from HELP, arguments and command ------------
 
@@ -57,8 +45,8 @@ def command(args, params: dict) -> int | None:
         return launch(recipe["train"]["devices"], train_argv(args),
                       commandline.thread_count(args.threads) or commandline.torch_threads())
     commandline.set_threads(args.threads)
-    from nmt.core.resume import Stopped
-    from nmt.stages.train.loop import Paths, train
+    from nmt.training.loop import Paths, train
+    from nmt.training.resume import Stopped
 
     paths = Paths(tokenized=args.tokenized, vocab=commandline.recipe_vocab(args),
                   run=run.files(args.results))
@@ -72,7 +60,7 @@ def command(args, params: dict) -> int | None:
 
 def train_argv(args) -> list[str]:
     """This `nmt train` command line, for the processes torchrun starts (their threads come
-    from OMP_NUM_THREADS: nmt.core.launch shares this process's out)."""
+    from OMP_NUM_THREADS: nmt.training.launch shares this process's out)."""
     return (["--params", str(args.params)] + (["-q"] if args.quiet else []) +
             ["train", "--recipe", args.recipe, "--model", args.model, "--seed", str(args.seed),
              "--tokenized", str(args.tokenized), "--vocab", str(commandline.recipe_vocab(args)),

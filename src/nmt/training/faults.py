@@ -12,7 +12,7 @@ The points, each one line in the code:
     start   nmt train begins, before the loop's signal handling (n = 1)   stages/train.py, train
     step    after optimizer update n of the run                           stages/train.py, fit
     valid   after the first batch of this process's n-th validation       stages/train.py
-    save    half-way through writing this process's n-th resume state     core/resume.py, write
+    save    half-way through writing this process's n-th resume state     training/resume.py, write
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Several processes for one run: torchrun + DistributedDataParallel (train.devices: N).
 
-`nmt train` with devices > 1 re-launches itself under torchrun (nmt.core.launch). Under
+`nmt train` with devices > 1 re-launches itself under torchrun (nmt.training.launch). Under
 torchrun each process joins the group (`join`: NCCL on CUDA, Gloo on CPU), trains every N-th
 micro-batch of the same seeded epoch order (`shard`) and all-reduces what the loss
 normalisation and the validation need (`World.sum`). Only rank 0 writes files. One process
@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from nmt.core.errors import NmtError
-from nmt.core.launch import under_torchrun
 from nmt.core.runtime import pick_device
+from nmt.training.launch import under_torchrun
 
 log = logging.getLogger("nmt.train")
 

@@ -10,10 +10,11 @@ Format (a dict):
     config          what must match to continue (`config_key`), and config_hash its sha256
     model, optimizer, scheduler    their state_dicts
     ranks           one dict a process (rank order): rng {torch (CPU), cuda (or None),
-                    python (`random`)}, loss_sum and tokens of the epoch so far on that rank
-    progress        nmt.stages.train.Progress as a dict (rank 0's): epoch, batch (position in the
-                    epoch's micro-batch plan of each rank), step (optimizer updates), loss_sum,
-                    tokens, seconds, history, best_loss, best_epoch, best_averaged,
+                    python (`random`)}, loss_sum, tokens and sums (of the updates' numbers:
+                    grad_norm, ...) of the epoch so far on that rank (loop.RANK_OWN)
+    progress        nmt.training.loop.Progress as a dict (rank 0's): epoch, batch (position in
+                    the epoch's micro-batch plan of each rank), step (optimizer updates),
+                    loss_sum, tokens, sums, seconds, history, best_loss, best_epoch, best_averaged,
                     best_state, stale, recent (the averaging buffer)
 The batch order itself is not stored: it follows from (seed, epoch) (nmt.core.data.Batches).
 
@@ -38,12 +39,13 @@ from pathlib import Path
 
 import torch
 
-from nmt.core import faults, files
+from nmt.core import files
 from nmt.core.files import atomic_path
+from nmt.training import faults
 
 log = logging.getLogger("nmt.train")
 
-FORMAT = 2  # 2: best_epoch always an int, best_averaged beside it
+FORMAT = 3  # 2: best_epoch always an int, best_averaged beside it; 3: each rank's sums
 # Settings that change when and how state is kept, not the numbers a run computes.
 NEUTRAL = ("save_every_minutes",)
 

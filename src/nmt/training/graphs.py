@@ -23,7 +23,7 @@ Dropout draws new masks on every replay (the CUDA generator is graph-aware).
 
 A capture that fails (out of memory included: the new shape's graph did not fit beside the
 others) raises CaptureFailed; training then releases the graphs and their pool and updates
-eagerly (nmt.stages.train.update_or_fall_back). With graphs, batch lengths are padded to a
+eagerly (nmt.training.step.Updater). With graphs, batch lengths are padded to a
 multiple of GRAPH_PAD_MULTIPLE under train.pad_multiple `auto` (resolve_pad_multiple): the
 published recipe's batches come in 223 shapes over 3 epochs, 16 padded so, one graph each.
 """
@@ -34,8 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from nmt.core.loss import token_loss
 
 WARMUP = 3  # eager updates on a side stream before the first capture
 GRAPH_PAD_MULTIPLE = 8  # train.pad_multiple `auto` where updates replay as graphs
@@ -72,27 +70,6 @@ def capturable_adam(params, lr: float, betas: tuple[float, float], eps: float,
                             fused=True, capturable=True)
 
 
-def update_body(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-                *, precision: str = "fp32", label_smoothing: float = 0.0, clip: float = 0.0,
-                cache_casts: bool = False):
-    """One whole update on device tensors, as GraphedUpdates captures it: the loss of
-    (src, tgt) divided by `total`, backward, clipping to `clip` (0: none), the optimizer's
-    step; the gradients were set to None before it. Returns the batch's summed token loss.
-    `cache_casts`: keep autocast's bf16 copies of the weights, as an eager update does (a
-    capture cannot: autocast's weight cache breaks it)."""
-
-    def body(src: torch.Tensor, tgt: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-        loss, _ = token_loss(model, src, tgt, device, label_smoothing, precision=precision,
-                             cache_casts=cache_casts)
-        (loss / total).backward()
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        return loss.detach()
-
-    return body
-
-
 @dataclass
 class Captured:
     """One batch shape's graph and the fixed buffers it reads and writes."""
@@ -101,26 +78,27 @@ class Captured:
     src: torch.Tensor  # (B, S) on the device
     tgt: torch.Tensor  # (B, T) on the device
     total: torch.Tensor  # the update's target tokens, the loss's divisor
-    loss: torch.Tensor  # the batch's summed token loss, written by each replay
+    out: tuple  # what the body returns (its summed token loss, ...), written by each replay
 
 
 class GraphedUpdates:
     """Optimizer updates of one model, each batch shape's captured once and then replayed.
 
     `body(src, tgt, total)` is one whole update on device tensors (forward, backward, clip,
-    optimizer step; gradients set to None before it) and returns the batch's summed token
-    loss; the lr schedule steps outside it.
+    optimizer step; gradients set to None before it: nmt.training.step.graph_body) and
+    returns device tensors (the batch's summed token loss, the update's numbers); the lr
+    schedule steps outside it.
     """
 
-    def __init__(self, body: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    def __init__(self, body: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple],
                  optimizer: torch.optim.Optimizer, device: torch.device):
         self.body, self.optimizer, self.device = body, optimizer, torch.device(device)
         self.graphs: dict[tuple, Captured] = {}
         self.pool = None  # the memory pool every graph shares (set by the first capture)
         self.warmup_left = WARMUP
 
-    def __call__(self, src: torch.Tensor, tgt: torch.Tensor, total: float) -> torch.Tensor:
-        """One update on a CPU batch; returns its summed token loss (a device tensor, valid
+    def __call__(self, src: torch.Tensor, tgt: torch.Tensor, total: float) -> tuple:
+        """One update on a CPU batch; returns what the body returns (device tensors, valid
         until the next update)."""
         src, tgt = src.pin_memory(), tgt.pin_memory()
         if self.warmup_left:
@@ -132,19 +110,19 @@ class GraphedUpdates:
         captured.tgt.copy_(tgt, non_blocking=True)
         captured.total.fill_(total)
         captured.graph.replay()
-        return captured.loss
+        return captured.out
 
-    def warm_up(self, src: torch.Tensor, tgt: torch.Tensor, total: float) -> torch.Tensor:
+    def warm_up(self, src: torch.Tensor, tgt: torch.Tensor, total: float) -> tuple:
         """An eager update on a side stream (PyTorch's recipe before a first capture)."""
         side, main = torch.cuda.Stream(self.device), torch.cuda.current_stream(self.device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self.body(src.to(self.device, non_blocking=True),
-                             tgt.to(self.device, non_blocking=True),
-                             torch.tensor(total, dtype=torch.float64, device=self.device))
+            out = self.body(src.to(self.device, non_blocking=True),
+                            tgt.to(self.device, non_blocking=True),
+                            torch.tensor(total, dtype=torch.float64, device=self.device))
         main.wait_stream(side)
-        return loss
+        return out
 
     def capture(self, key: tuple) -> Captured:
         """Record the update for batches of shape `key` (nothing runs yet: replay runs it);
@@ -164,10 +142,10 @@ class GraphedUpdates:
         total = torch.ones((), dtype=torch.float64, device=self.device)
         self.optimizer.zero_grad(set_to_none=True)  # backward writes, never adds, in a graph
         with torch.cuda.graph(graph, pool=self.pool):
-            loss = self.body(src, tgt, total)
+            out = self.body(src, tgt, total)
         if self.pool is None:
             self.pool = graph.pool()
-        self.graphs[key] = Captured(graph, src, tgt, total, loss)
+        self.graphs[key] = Captured(graph, src, tgt, total, out)
         return self.graphs[key]
 
     def release(self) -> None:

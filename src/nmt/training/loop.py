@@ -1,0 +1,521 @@
+"""The training loop: fit one model of one recipe; keep the best checkpoint by validation loss.
+
+Writes results/<recipe>-<model>-s<seed>/: best.pt, last.pt, history.csv (one row an epoch) and
+train.json (the summary the report reads), all four only when training completes. Until then
+the run lives in resume.pt (nmt.training.resume): `nmt train` again continues it where it
+stopped, with the numbers an uninterrupted run gives; SIGINT/SIGTERM stop after the current
+update.
+
+Reading order: `train` (what stage train calls), `fit` (the loop, on one screen), then its
+steps in the order they run: `setup`, `resume_or_start`, the update (nmt.training.step),
+`end_epoch` (with `validation_loss`), `save_state`, `finish` (averaging the last epochs;
+nmt.training.outputs writes the outputs). `Trainer` is what a run trains with, `Progress`
+where it stands, `Paths` where it reads and writes. Beside the loop: the train: settings
+(config), the epoch's running numbers and progress bar (meter), the run folder's room, lock
+and set-aside outputs (folder), several processes (train.devices, torchrun: distributed) and
+the resume state's format (resume).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from nmt.core import checkpoint
+from nmt.core.codecs import load_codecs
+from nmt.core.data import Batches, load_pairs
+from nmt.core.errors import NmtError
+from nmt.core.loss import corpus_loss
+from nmt.core.runs import Run, RunFiles
+from nmt.core.runtime import (
+    bound_gpu_memory,
+    limit_attention_kernels,
+    resolve_compile,
+    seed_everything,
+)
+from nmt.models import ModelConfig, build_model
+from nmt.training import distributed, faults, resume
+from nmt.training.config import TrainConfig
+from nmt.training.distributed import World
+from nmt.training.folder import check_room, previous, set_aside_outputs, sole_trainer
+from nmt.training.graphs import resolve_cuda_graphs, resolve_pad_multiple
+from nmt.training.meter import EpochMeter
+from nmt.training.outputs import write_outputs
+from nmt.training.precision import Choice, choices
+from nmt.training.step import Micro, Updater, updater
+
+log = logging.getLogger("nmt.train")
+
+# Wall-clock columns: they differ between two runs of identical numbers, nothing else does.
+TIMING_FIELDS = ("seconds", "tokens_per_second")
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a run reads and writes."""
+
+    tokenized: Path  # data/tokenized
+    vocab: Path  # the recipe's vocabulary folder: data/vocab/<recipe>
+    run: RunFiles  # results/<recipe>-<model>-s<seed>/, whose name is the run's
+
+
+def average_states(states: list[dict]) -> dict:
+    """Element-wise mean of several state dicts (checkpoint averaging)."""
+    return {k: sum(s[k].float() for s in states).div(len(states)).to(states[0][k].dtype)
+            for k in states[0]}
+
+
+def cpu_copy(model: torch.nn.Module) -> dict:
+    """A detached CPU copy of the model's weights (best-so-far and averaging buffers)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+@dataclass(kw_only=True)
+class Trainer:
+    """What a run trains with, built once by `setup`: settings, places, data, model, optimizer."""
+
+    config: TrainConfig
+    paths: Paths
+    world: World  # this process's rank of how many (one process: 0 of 1)
+    device: torch.device
+    # train.precision on the device for "train" (an update) and "decode" (the validation
+    # BLEU, as evaluate decodes): which precision each runs in, and why (nmt.training.precision)
+    precisions: dict[str, Choice]
+    # The optimizer updates (nmt.training.step): the model, its optimizer and lr schedule, how
+    # an update runs (DDP, compiled, CUDA graphs) and what it fell back from
+    update: Updater | None  # set once the Trainer knows its updates
+    train_batches: Batches
+    valid_batches: Batches
+    valid_references: Path  # the validation split's raw target lines (for its BLEU)
+    tgt_codec: object  # ids -> detokenized target text (nmt.core.codecs), for the validation BLEU
+    # What best.pt and last.pt record besides the weights (checkpoint.save's keywords): the
+    # model's name, config and vocabulary sizes, the model and train settings, the seed, ...
+    checkpoint_meta: dict
+    resume_key: dict  # what a resume state must match (resume.config_key)
+    saved: str = ""  # where the last resume state written or found stands
+    last_save: float = field(default_factory=time.monotonic)
+    validations: int = 0  # validation passes of this process (a fault point counts them)
+    attention_kernels: str = "any"  # the kernels NMT_ATTENTION_KERNELS allows (runtime)
+
+    @property
+    def precision(self) -> str:
+        """bf16 or fp32: what an update runs in."""
+        return self.precisions["train"].precision
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The weights: what is updated, validated and saved."""
+        return self.update.model
+
+    @property
+    def run(self) -> Run:
+        return Run.parse(self.paths.run.folder.name)
+
+    @property
+    def n_params(self) -> int:
+        return self.checkpoint_meta["n_params"]
+
+    def plan(self, epoch: int) -> list[tuple[list[int], bool]]:
+        """This rank's micro-batches of epoch `epoch` (1-based) as (indices, real), in order:
+        every world.size-th batch of the epoch's seeded order (distributed.shard)."""
+        return distributed.shard(self.train_batches.indices(epoch - 1), self.world)
+
+    @cached_property
+    def updates_per_epoch(self) -> int:
+        """Optimizer updates an epoch (token batches: epoch 1's count, others differ by a few)."""
+        return math.ceil(len(self.plan(1)) / self.config.accumulate)
+
+    @property
+    def total_updates(self) -> int:
+        """The run's optimizer updates: train.max_updates, else `epochs` full epochs."""
+        return self.config.max_updates or self.updates_per_epoch * self.config.epochs
+
+    @property
+    def epochs(self) -> int:
+        """The epochs the run trains (with max_updates: the last one cut short)."""
+        return math.ceil(self.total_updates / self.updates_per_epoch)
+
+    def save_due(self) -> bool:
+        minutes = self.config.save_every_minutes
+        return minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
+
+
+# Progress's fields that each rank keeps its own of (the rest is rank 0's): the epoch's sums.
+RANK_OWN = ("loss_sum", "tokens", "sums")
+
+
+@dataclass
+class Progress:
+    """Where a run stands: the loop's state, none of it in the model or optimizer (the resume
+    state holds it as a dict)."""
+
+    epoch: int = 1  # the epoch in progress (1-based)
+    batch: int = 0  # micro-batches of this epoch's plan already trained on
+    step: int = 0  # optimizer updates so far (what the lr schedule counts)
+    loss_sum: float = 0.0  # this epoch's summed training token loss so far
+    tokens: int = 0  # ... and its target tokens
+    sums: dict = field(default_factory=dict)  # ... and its updates' Updated.means, summed
+    seconds: float = 0.0  # training time spent on this epoch so far
+    valid_seconds: float = 0.0  # time spent validating, every epoch so far
+    history: list[dict] = field(default_factory=list)  # one row a finished epoch
+    best_loss: float = math.inf
+    best_epoch: int = 0  # the epoch of the best weights (0: none yet; an average: its last)
+    best_averaged: int = 0  # how many epochs' weights the best are the mean of (0: not a mean)
+    best_state: dict | None = None  # the best weights (CPU)
+    stale: int = 0  # epochs since the validation loss last improved
+    recent: list[dict] = field(default_factory=list)  # the last average_last epochs' weights
+
+    def done(self, config: TrainConfig) -> bool:
+        """Every epoch (or max_updates update) trained, or patience ran out."""
+        out_of_patience = bool(config.patience and self.stale >= config.patience)
+        if config.max_updates:
+            return self.step >= config.max_updates or out_of_patience
+        return self.epoch > config.epochs or out_of_patience
+
+    def where(self, trainer: Trainer) -> str:
+        return f"epoch {self.epoch}, step {self.step} of {trainer.total_updates}"
+
+    @property
+    def best_name(self) -> int | str:
+        """The best weights as train.json's best_epoch names them: the epoch, or avg<N>."""
+        return f"avg{self.best_averaged}" if self.best_averaged else self.best_epoch
+
+    def next_epoch(self) -> None:
+        self.epoch, self.batch, self.loss_sum, self.tokens, self.sums, self.seconds = (
+            self.epoch + 1, 0, 0.0, 0, {}, 0.0)
+
+
+def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
+    """Train the run paths.run names; returns the summary also written to train.json.
+
+    `settings`: the resolved recipe (nmt.pipeline.recipes.resolve). Continues a matching resume
+    state unless `restart`; a signal raises resume.Stopped.
+    """
+    faults.reached("start", 1)
+    trainer, lock = setup(settings, paths), None
+    try:
+        if trainer.world.main:
+            check_room(paths.run, trainer.n_params, trainer.config.average_last)
+            lock = sole_trainer(paths.run)
+        progress = resume_or_start(trainer, restart)
+        fit(trainer, progress)
+        summary = finish(trainer, progress)
+        trainer.world.barrier()  # the ranks leave together, once rank 0 has written the run
+        return summary
+    except (dist.DistError, RuntimeError) as e:
+        lost = peer_lost(trainer, e)
+        if lost is None:
+            raise
+        raise lost from None
+    finally:
+        trainer = None  # DDP holds the process group: let it go before the group is destroyed
+        distributed.leave()
+        if lock is not None:
+            os.close(lock)
+
+
+def fit(trainer: Trainer, progress: Progress) -> None:
+    """The loop: the epochs' optimizer updates, each epoch then validated and saved. After
+    every update the ranks agree (world.max) whether a signal asked to stop and whether a
+    save is due; a stop writes the resume state, then raises Stopped."""
+    config, world = trainer.config, trainer.world
+    with stop_signals(trainer) as stop:
+        while not progress.done(config):
+            trainer.model.train()
+            meter = EpochMeter(trainer, progress)  # running loss and tokens, clock, bar
+            for micro in micro_batches(trainer, progress):  # the rest of this epoch
+                meter.add(trainer.update(micro), batches=len(micro))
+                progress.batch += len(micro)
+                progress.step += 1
+                faults.reached("step", progress.step)
+                stop.signum, due = world.max([stop.signum, int(trainer.save_due())])  # agree
+                if stop.signum or due:
+                    save_state(trainer, meter.read(progress))
+                if stop.signum:
+                    meter.close()
+                    break  # the epoch unfinished; its resume state is written
+                meter.show(progress)
+                if progress.step == config.max_updates:
+                    break  # the budget ends this epoch early; it is validated below
+            if not stop.signum:  # every update of the epoch (or of the budget) done
+                meter.close()
+                end_epoch(trainer, meter.read(progress))  # validation, best weights, patience
+                save_state(trainer, progress)
+            stop.signum = world.max([stop.signum])[0]  # ranks agree
+            if stop.signum:
+                raise stopped(trainer, progress, stop.signum)
+
+
+def setup(settings: dict, paths: Paths) -> Trainer:
+    """Read the data and vocabulary, build the seeded model and how it is updated (its
+    optimizer and lr schedule: nmt.training.step.updater)."""
+    config, run = TrainConfig.from_dict(settings["train"]), Run.parse(paths.run.folder.name)
+    world, device = distributed.join(config.device, config.devices)
+    bound_gpu_memory(device)  # several runs on one GPU (nmt --gpu-mem-mb)
+    attention_kernels = limit_attention_kernels()  # around a kernel preflight found wrong
+    if not world.main:  # one process reports progress
+        logging.getLogger("nmt").setLevel(logging.WARNING)
+    seed_everything(run.seed)  # the same initial weights on every rank
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (optimizer) on tensor cores
+        torch.cuda.reset_peak_memory_stats(device)  # train.json's peak is this run's
+
+    compile_on = resolve_compile(config.compile, device)
+    graphs_on = resolve_cuda_graphs(config.cuda_graphs, device, compiled=compile_on,
+                                    processes=world.size, accumulate=config.accumulate)
+    src_codec, tgt_codec = load_codecs(paths.vocab)
+    model_config = ModelConfig.from_dict(settings["model"])
+    train_batches, valid_batches = read_batches(
+        paths, config, (src_codec, tgt_codec), model_config.max_len, run.seed,
+        pad_multiple=resolve_pad_multiple(config.pad_multiple, graphs_on))
+    vocab_sizes = (len(src_codec), len(tgt_codec))
+    model = build_model(run.model, model_config, *vocab_sizes).to(device)
+    if world.rank:  # other dropout masks on other ranks
+        torch.manual_seed(run.seed + 1_000_003 * world.rank)
+    checkpoint_meta = {
+        "name": run.model, "recipe": run.recipe, "cfg": model_config,
+        "src_vocab_size": vocab_sizes[0], "tgt_vocab_size": vocab_sizes[1],
+        "params": {"model": settings["model"], "train": settings["train"]},
+        "n_params": sum(p.numel() for p in model.parameters()), "seed": run.seed,
+        "vocab_sha256": checkpoint.vocab_fingerprint(paths.vocab)}
+    trainer = Trainer(
+        config=config, paths=paths, world=world, device=device,
+        precisions=choices(settings, device, *vocab_sizes), update=None,
+        train_batches=train_batches, valid_batches=valid_batches,
+        valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
+        tgt_codec=tgt_codec, attention_kernels=attention_kernels,
+        checkpoint_meta=checkpoint_meta,
+        resume_key=resume.config_key(settings, run.name, run.seed, paths.vocab, world.size))
+    trainer.update = updater(model, config, device, precision=trainer.precision,
+                             total_updates=trainer.total_updates, world=world,
+                             compile_on=compile_on, graphs_on=graphs_on)
+    on = f"{world.size} processes ({device.type})" if world.group else str(device)
+    log.info("%s: %s parameters on %s, %s%s", run.name, f"{trainer.n_params:,}", on,
+             trainer.precision,
+             ", compiled" if compile_on else ", CUDA graphs" if graphs_on else "")
+    return trainer
+
+
+def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int, seed: int,
+                 pad_multiple: int) -> tuple[Batches, Batches]:
+    """The train split's batches (reshuffled every epoch; bucketed by length with
+    train.bucket) and the validation split's (in file order, as validation always was), their
+    lengths padded to a multiple of `pad_multiple` (train.pad_multiple resolved)."""
+    train_pairs, valid_pairs = (load_pairs(paths.tokenized, split, *codecs, max_len)
+                                for split in ("train", "val"))
+    log.info("read %d train / %d valid pairs from %s, vocab %d/%d from %s", len(train_pairs),
+             len(valid_pairs), paths.tokenized, len(codecs[0]), len(codecs[1]), paths.vocab)
+    sizes = (config.batch_by, config.batch_size, config.max_tokens)
+    padding = {"pad_multiple": pad_multiple, "max_len": max_len}
+    return (Batches.for_training(train_pairs, vars(config), seed, **padding),
+            Batches(valid_pairs, *sizes, shuffle=False, **padding))
+
+
+def resume_or_start(trainer: Trainer, restart: bool) -> Progress:
+    """The Progress a matching resume state holds (weights, optimizer, lr schedule and random
+    generators restored with it), else a fresh one. Rank 0 clears an earlier run's outputs."""
+    files, world = trainer.paths.run, trainer.world
+    state, why = usable_state(trainer, restart)
+    world.barrier()  # every rank has read the state before rank 0 moves it
+    if world.main:
+        resume.remove_temporaries((*files.trained, files.resume))
+        set_aside_outputs(files)  # an earlier run's outputs do not describe this one
+        if why:
+            resume.set_aside(files.resume, why)
+    if state is None:
+        return Progress()
+    update = trainer.update
+    update.model.load_state_dict(state["model"])
+    update.optimizer.load_state_dict(state["optimizer"])
+    if update.graphs is not None:  # the loaded lr (a number, or a tensor read to the CPU)
+        for group in update.optimizer.param_groups:  # back on the device, for the graphs
+            group["lr"] = torch.tensor(float(group["lr"]), device=trainer.device)
+    update.scheduler.load_state_dict(state["scheduler"])
+    mine = state["ranks"][world.rank]
+    resume.set_rng_state(mine["rng"], trainer.device)
+    progress = Progress(**{**state["progress"], **{k: mine[k] for k in RANK_OWN}})
+    trainer.saved = progress.where(trainer)
+    log.info("resuming from %s (batch %d of %d of the epoch), from %s", trainer.saved,
+             progress.batch, len(trainer.plan(progress.epoch)), files.resume)
+    return progress
+
+
+def usable_state(trainer: Trainer, restart: bool) -> tuple[dict | None, str]:
+    """(the resume state to continue, "") or (None, why it is set aside; "" if there is none)."""
+    path = trainer.paths.run.resume
+    if not path.exists():
+        return None, ""
+    if restart:
+        return None, "--restart asks for a fresh start"
+    state, why = resume.read(path)
+    if state and state["config_hash"] != resume.config_hash(trainer.resume_key):
+        changed = resume.differences(state["config"], trainer.resume_key)
+        return None, f"it was written with other settings (changed: {', '.join(changed[:4])})"
+    return state, why
+
+
+@contextlib.contextmanager
+def stop_signals(trainer: Trainer):
+    """resume.StopSignals around the loop: SIGINT/SIGTERM ask it to stop after the current
+    update; a second Ctrl-C stops at once (Stopped, exit 130)."""
+    world = trainer.world
+    with resume.StopSignals(echo=1.0 if world.group else 0.0, announce=world.main) as stop:
+        try:
+            yield stop
+        except KeyboardInterrupt:
+            raise resume.Stopped(130, f"interrupted at once; {kept(trainer)}"
+                                 if world.main else "") from None
+
+
+def micro_batches(trainer: Trainer, progress: Progress) -> list[Micro]:
+    """The rest of epoch progress.epoch: this rank's micro-batches (src, tgt, real) from
+    progress.batch of its plan on, `accumulate` of them for each optimizer update."""
+    plan, per_update = trainer.plan(progress.epoch), trainer.config.accumulate
+    for first in range(progress.batch, len(plan), per_update):
+        yield [(*trainer.train_batches.batch(idx), real)
+               for idx, real in plan[first : first + per_update]]
+
+
+def end_epoch(trainer: Trainer, progress: Progress) -> None:
+    """Validate; record the epoch's row; keep the averaging window and the best weights; count
+    the epochs without a better validation loss (patience); move on to the next epoch."""
+    config, started = trainer.config, time.perf_counter()
+    valid_loss = validation_loss(trainer)
+    progress.valid_seconds += time.perf_counter() - started
+    progress.history.append(epoch_row(trainer, progress, valid_loss))
+    if config.average_last:
+        progress.recent = (progress.recent + [cpu_copy(trainer.model)])[-config.average_last:]
+    if valid_loss < progress.best_loss:
+        progress.best_loss, progress.best_epoch, progress.stale = valid_loss, progress.epoch, 0
+        progress.best_state = cpu_copy(trainer.model)
+    else:
+        progress.stale += 1
+        if config.patience and progress.stale >= config.patience:
+            log.info("no better valid loss for %d epochs: stopping early", progress.stale)
+    progress.next_epoch()
+
+
+def validation_loss(trainer: Trainer) -> float:
+    """Per-token cross-entropy on the validation split (loss.corpus_loss): each rank takes
+    every world.size-th batch, the sums are all-reduced."""
+    trainer.validations += 1
+    batches, world = trainer.valid_batches, trainer.world
+    mine = (batches.batch(idx) for idx in batches.indices()[world.rank :: world.size])
+    return corpus_loss(trainer.model, after_first(mine, "valid", trainer.validations),
+                       trainer.device, reduce=world.sum, precision=trainer.precision)
+
+
+def after_first(items, point: str, count: int):
+    """items, reaching the fault point (point, count) once the first has been used."""
+    for i, item in enumerate(items):
+        yield item
+        if i == 0:
+            faults.reached(point, count)
+
+
+def epoch_row(trainer: Trainer, progress: Progress, valid_loss: float) -> dict:
+    """The epoch's history.csv row, logged: its training loss over all ranks, and the mean of
+    each of the updates' numbers (Updated.means: grad_norm, ...) over its updates and ranks."""
+    world, names = trainer.world, list(progress.sums)
+    loss_sum, tokens, *sums = world.sum(torch.tensor(
+        [progress.loss_sum, progress.tokens, *progress.sums.values()], dtype=torch.float64,
+        device=trainer.device)).tolist()
+    train_loss, updates = loss_sum / tokens, math.ceil(progress.batch / trainer.config.accumulate)
+    row = {"epoch": progress.epoch, "train_loss": round(train_loss, 5),
+           "valid_loss": round(valid_loss, 5),
+           "lr": float(trainer.update.scheduler.get_last_lr()[0]),  # graphs: a device tensor
+           **{name: round(total / updates / world.size, 5)
+              for name, total in zip(names, sums, strict=True)},
+           "seconds": round(progress.seconds, 2),
+           "tokens_per_second": round(tokens / progress.seconds)}
+    log.info("epoch %d: train %.4f valid %.4f (%.1f s, %s tok/s)", progress.epoch, train_loss,
+             valid_loss, progress.seconds, f"{row['tokens_per_second']:,}")
+    return row
+
+
+def save_state(trainer: Trainer, progress: Progress) -> None:
+    """Write the resume state (rank 0): all it takes to continue exactly where the run stands."""
+    update = trainer.update
+    ranks = trainer.world.gather({"rng": resume.rng_state(trainer.device),
+                                  **{k: getattr(progress, k) for k in RANK_OWN}})
+    if trainer.world.main:
+        resume.write(trainer.paths.run.resume, {
+            "format": resume.FORMAT, "config": trainer.resume_key,
+            "config_hash": resume.config_hash(trainer.resume_key),
+            "model": cpu_copy(update.model), "optimizer": update.optimizer.state_dict(),
+            "scheduler": update.scheduler.state_dict(), "ranks": ranks,
+            "progress": {f.name: getattr(progress, f.name) for f in fields(Progress)}})
+    trainer.saved, trainer.last_save = progress.where(trainer), time.monotonic()
+
+
+def kept(trainer: Trainer) -> str:
+    """What an interrupted run leaves, and how to go on (one line's end)."""
+    run, files = trainer.run, trainer.paths.run
+    again = (f"`nmt train --recipe {run.recipe} --model {run.model} --seed {run.seed}` "
+             "(same options) again")
+    if not trainer.saved:
+        return f"no resume state was written yet; {again} starts afresh"
+    return (f"kept {files.resume} ({trainer.saved}); {again} resumes from there "
+            f"({', '.join(path.name for path in files.trained)} appear when training completes)")
+
+
+def stopped(trainer: Trainer, progress: Progress, signum: int) -> resume.Stopped:
+    where = progress.where(trainer)
+    message = f"stopped by {signal.Signals(signum).name} at {where}; {kept(trainer)}"
+    return resume.Stopped(128 + signum, message if trainer.world.main else "")  # rank 0 tells
+
+
+def peer_lost(trainer: Trainer, error: Exception) -> NmtError | None:
+    """The one-line error for a collective that failed because another rank died or stopped
+    answering; None for any other error."""
+    why = distributed.lost_peer(error) if trainer.world.group else None
+    if why is None:
+        return None
+    if resume.threading_main():  # torchrun SIGTERMs the survivors: let this line out first
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return NmtError(f"rank {trainer.world.rank}: another training process failed or vanished "
+                    f"({why}); {kept(trainer)}")
+
+
+def finish(trainer: Trainer, progress: Progress) -> dict:
+    """After the loop: validate the average of the last epochs; rank 0 writes the outputs and
+    removes the resume state. Returns the summary (other ranks: {})."""
+    if not math.isfinite(progress.best_loss):
+        raise NmtError(f"{trainer.run.name}: the validation loss never became finite "
+                       "(fix: lower train.lr or set train.clip_grad_norm)")
+    averaged = average_last_epochs(trainer, progress)
+    if not trainer.world.main:
+        return {}
+    summary = write_outputs(trainer, progress, averaged)
+    trainer.paths.run.resume.unlink(missing_ok=True)  # the stage is complete
+    for path in trainer.paths.run.trained:  # and replaces the finished run set aside
+        previous(path).unlink(missing_ok=True)
+    return summary
+
+
+def average_last_epochs(trainer: Trainer, progress: Progress) -> float | None:
+    """Validate the mean of the last average_last epochs' weights; it becomes best if better.
+    Returns its validation loss (None when there is no average)."""
+    if len(progress.recent) < 2:
+        return None
+    trained = cpu_copy(trainer.model)
+    trainer.model.load_state_dict(average_states(progress.recent))
+    averaged = validation_loss(trainer)
+    log.info("average of the last %d epochs: valid %.4f (best single %.4f)",
+             len(progress.recent), averaged, progress.best_loss)
+    if averaged < progress.best_loss:
+        progress.best_loss, progress.best_state = averaged, cpu_copy(trainer.model)
+        progress.best_epoch = progress.history[-1]["epoch"]
+        progress.best_averaged = len(progress.recent)
+    trainer.model.load_state_dict(trained)
+    return averaged
