@@ -6,7 +6,8 @@
 # params.values holds the values of the keys the stage declares (params.yaml, its recipe's):
 # Snakemake re-runs a job when its params change, so an edit re-runs exactly what reads it.
 
-# The modules every `nmt` command runs (shared_code); each rule adds its own.
+# The modules every `nmt` command runs (derived from nmt.cli's imports); each rule
+# adds those its stage's imports reach.
 SHARED_CODE = [
     "src/nmt/__init__.py",
     "src/nmt/cli.py",
@@ -29,9 +30,9 @@ rule config:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/config.py",
-            "src/nmt/pipeline/preflight.py",
             "src/nmt/core/files.py",
             "src/nmt/core/records.py",
+            "src/nmt/pipeline/preflight.py",
         ],
     output:
         "params/{recipe}.yaml",
@@ -97,9 +98,9 @@ rule tokenize:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/tokenize.py",
-            "src/nmt/core/text.py",
             "src/nmt/core/files.py",
             "src/nmt/core/records.py",
+            "src/nmt/core/text.py",
         ],
     output:
         directory("data/tokenized"),
@@ -123,9 +124,9 @@ rule vocab:
             *SHARED_CODE,
             "src/nmt/stages/vocab.py",
             "src/nmt/core/codecs.py",
-            "src/nmt/core/text.py",
             "src/nmt/core/files.py",
             "src/nmt/core/records.py",
+            "src/nmt/core/text.py",
         ],
     output:
         directory("data/vocab/{recipe}"),
@@ -148,11 +149,11 @@ rule verify:
         code=[
             *SHARED_CODE,
             *package("src/nmt/stages/verify"),
-            "src/nmt/core/data.py",
             "src/nmt/core/codecs.py",
-            "src/nmt/core/text.py",
+            "src/nmt/core/data.py",
             "src/nmt/core/files.py",
             "src/nmt/core/records.py",
+            "src/nmt/core/text.py",
             *package("src/nmt/models"),
         ],
     output:
@@ -178,21 +179,21 @@ rule train:
         code=[
             *SHARED_CODE,
             *package("src/nmt/stages/train"),
+            "src/nmt/core/checkpoint.py",
+            "src/nmt/core/codecs.py",
+            "src/nmt/core/data.py",
+            "src/nmt/core/decoding.py",
+            "src/nmt/core/distributed.py",
+            "src/nmt/core/faults.py",
+            "src/nmt/core/files.py",
             "src/nmt/core/graphs.py",
             "src/nmt/core/launch.py",
-            "src/nmt/core/resume.py",
-            "src/nmt/core/faults.py",
-            "src/nmt/core/distributed.py",
-            "src/nmt/core/runtime.py",
-            "src/nmt/core/precision.py",
             "src/nmt/core/loss.py",
-            "src/nmt/core/checkpoint.py",
-            "src/nmt/core/decoding.py",
-            "src/nmt/core/data.py",
-            "src/nmt/core/codecs.py",
-            "src/nmt/core/text.py",
-            "src/nmt/core/files.py",
+            "src/nmt/core/precision.py",
             "src/nmt/core/records.py",
+            "src/nmt/core/resume.py",
+            "src/nmt/core/runtime.py",
+            "src/nmt/core/text.py",
             *package("src/nmt/models"),
         ],
     output:
@@ -225,18 +226,18 @@ rule evaluate:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/evaluate.py",
+            "src/nmt/core/checkpoint.py",
+            "src/nmt/core/codecs.py",
+            "src/nmt/core/data.py",
             "src/nmt/core/decoding.py",
-            "src/nmt/core/unknowns.py",
-            "src/nmt/core/runtime.py",
-            "src/nmt/core/precision.py",
+            "src/nmt/core/files.py",
             "src/nmt/core/graphs.py",
             "src/nmt/core/loss.py",
-            "src/nmt/core/checkpoint.py",
-            "src/nmt/core/data.py",
-            "src/nmt/core/codecs.py",
-            "src/nmt/core/text.py",
-            "src/nmt/core/files.py",
+            "src/nmt/core/precision.py",
             "src/nmt/core/records.py",
+            "src/nmt/core/runtime.py",
+            "src/nmt/core/text.py",
+            "src/nmt/core/unknowns.py",
             *package("src/nmt/models"),
         ],
     output:
@@ -268,14 +269,14 @@ rule export:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/export.py",
-            "src/nmt/core/engine.py",
             "src/nmt/core/checkpoint.py",
-            "src/nmt/core/decoding.py",
-            "src/nmt/core/data.py",
             "src/nmt/core/codecs.py",
-            "src/nmt/core/text.py",
+            "src/nmt/core/data.py",
+            "src/nmt/core/decoding.py",
+            "src/nmt/core/engine.py",
             "src/nmt/core/files.py",
             "src/nmt/core/records.py",
+            "src/nmt/core/text.py",
             *package("src/nmt/models"),
         ],
     output:
@@ -306,16 +307,16 @@ rule bench:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/bench.py",
-            "src/nmt/core/graphs.py",
-            "src/nmt/core/decoding.py",
-            "src/nmt/core/runtime.py",
-            "src/nmt/core/precision.py",
-            "src/nmt/core/loss.py",
-            "src/nmt/core/data.py",
             "src/nmt/core/codecs.py",
-            "src/nmt/core/text.py",
+            "src/nmt/core/data.py",
+            "src/nmt/core/decoding.py",
             "src/nmt/core/files.py",
+            "src/nmt/core/graphs.py",
+            "src/nmt/core/loss.py",
+            "src/nmt/core/precision.py",
             "src/nmt/core/records.py",
+            "src/nmt/core/runtime.py",
+            "src/nmt/core/text.py",
             *package("src/nmt/models"),
         ],
     output:
@@ -362,10 +363,10 @@ rule report:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/report.py",
-            "src/nmt/core/stats.py",
-            "src/nmt/core/text.py",
             "src/nmt/core/files.py",
             "src/nmt/core/records.py",
+            "src/nmt/core/stats.py",
+            "src/nmt/core/text.py",
         ],
     output:
         "reports/report.md",
