@@ -115,11 +115,13 @@ UNITS = ("models",)
 # Imported by nmt.cli.main only when tests record what a stage reads (NMT_TRACK_READS): the
 # recording, no stage's code (nmt.cli.record_reads leaves it out too).
 NOT_RUN = frozenset({"nmt.pipeline.tracking"})
-# nmt.cli's function that every command runs: the imports in its body are every command's.
-# Its other functions' imports are some commands' only (the commands that are no stage, nmt
-# stages' renderer; core.runtime for --gpu-mem-mb, which the stages that take it import
-# themselves); the stage's own module it imports by name (importlib), which is where
-# `stage_code` starts.
+# What every command runs of nmt.cli: its top-level statements and this function, whose
+# imports are every command's (a function's body: all of it, though an `if` may skip one; an
+# import not every stage needs belongs in a function of its own). The imports in cli's other
+# functions are some commands' only (the commands that are no stage, nmt stages' renderer;
+# core.runtime for --gpu-mem-mb, which the stages that take it import themselves), and so not
+# every stage's code; the stage's own module cli imports by a computed name (importlib), which
+# no parser sees: that module is where `stage_code` starts.
 CLI_MAIN = "main"
 
 
