@@ -6,6 +6,8 @@ against it here, so that adding a stage means a module, one declaration entry an
 - Snakemake's `rule all`: the outputs of the stages declared `target` (rendered);
 - the lists that name params sections or output folders agree with the schema and the
   declaration;
+- the code each stage runs is derived from the imports, not declared: a planted import, an
+  added or a moved module changes what it renders, with no edit of the declaration;
 - a toy stage added to a copy of the repository (a module, a declaration entry, a params
   key and its schema entry) runs as `nmt toy`, under `dvc repro` and under `snakemake`, and
   reads only what it declares.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -76,6 +79,104 @@ def test_preflight_checks_every_folder_a_stage_writes_into():
     assert set(preflight.OUTPUT_FOLDERS) == tops | {"logs"}  # logs: Snakemake's
 
 
+# ---- code: derived from the imports ---------------------------------------------------------
+
+def source_copy(tmp_path: Path) -> Path:
+    """src/nmt and workflow/stages.yaml copied under tmp_path; the copy's src folder."""
+    shutil.copytree(REPO / "src" / "nmt", tmp_path / "src" / "nmt",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "workflow").mkdir()
+    shutil.copy2(REPO / declaration.DECLARATION, tmp_path / declaration.DECLARATION)
+    return tmp_path / "src"
+
+
+def derived(src: Path) -> dict[str, list[str]]:
+    return {n: s.code for n, s in declaration.load(src.parent / declaration.DECLARATION).items()}
+
+
+def test_every_stage_runs_the_shared_code_and_its_own_module_first():
+    shared = STAGES["vocab"].shared_code
+    for name, stage in STAGES.items():
+        own = stage.code[len(shared):]
+        assert stage.code[:len(shared)] == shared and own[0].startswith(f"stages/{name}"), name
+        assert not set(own) & set(shared), name
+    # nmt.cli's top and main(): the guard every stage passes; not what one command or the
+    # tests' read recording (NMT_TRACK_READS) import
+    assert {"__init__.py", "cli.py", "stages/__init__.py", "pipeline/orchestrators.py",
+            "core/errors.py"} <= set(shared)
+    assert not {"pipeline/tracking.py", "pipeline/declaration.py", "core/runtime.py",
+                "commands/translate.py", "stages/train"} & set(shared)
+    assert STAGES["verify"].code[len(shared)] == "stages/verify"  # a package: its folder
+    assert "models" in STAGES["train"].code and "models" not in STAGES["report"].code
+
+
+@pytest.mark.parametrize("where, planted, stage, found", [
+    ("stages/vocab.py", "from nmt.core import stats", "vocab", "core/stats.py"),
+    # relative, inside a stage package
+    ("stages/verify/measure.py", "from ...core import unknowns", "verify", "core/unknowns.py"),
+    # the closure: core/text.py is imported by the data stages, so they all gain engine.py
+    ("core/text.py", "import nmt.core.engine", "tokenize", "core/engine.py"),
+])
+def test_a_planted_import_is_in_the_stages_derived_code(tmp_path, where, planted, stage, found):
+    src = source_copy(tmp_path)
+    assert found not in derived(src)[stage]
+    target = src / "nmt" / where
+    # Inside a function, as a late import is: the parser finds those as well.
+    target.write_text(target.read_text() + f"\n\ndef planted():\n    {planted}\n")
+    code = derived(src)
+    assert found in code[stage]
+    assert found not in code["config"]  # no stage that does not reach the file gains it
+
+
+def test_a_planted_import_in_the_cli_is_every_stages(tmp_path):
+    src = source_copy(tmp_path)
+    cli_file = src / "nmt" / "cli.py"
+    main = "    keep_freed_memory()\n"  # the first line of main(), which every command runs
+    cli_file.write_text(cli_file.read_text().replace(
+        main, main + "    from nmt.core import stats\n", 1))
+    stages = declaration.load(src.parent / declaration.DECLARATION)
+    assert all("core/stats.py" in s.shared_code for s in stages.values())
+
+
+def test_an_added_or_moved_module_needs_no_declaration_edit(tmp_path):
+    src = source_copy(tmp_path)
+    declared = (tmp_path / declaration.DECLARATION).read_text()
+    before = declaration.rendered(tmp_path / declaration.DECLARATION)
+    # Added: core/words.py, which core/text.py imports at its top.
+    core = src / "nmt" / "core"
+    (core / "words.py").write_text('"""Words."""\n')
+    text = (core / "text.py").read_text()
+    first = "from nmt.core.errors import"
+    (core / "text.py").write_text(text.replace(first, "from nmt.core import words\n" + first, 1))
+    # Moved: core/stats.py is core/statistics.py, and report imports it by that name.
+    (core / "stats.py").rename(core / "statistics.py")
+    report = src / "nmt" / "stages" / "report.py"
+    text = report.read_text()
+    assert "from nmt.core import stats " in text
+    report.write_text(text.replace("from nmt.core import stats ",
+                                   "from nmt.core import statistics as stats "))
+    code = derived(src)
+    for name, stage_code in code.items():
+        assert ("core/words.py" in stage_code) == ("core/text.py" in stage_code), name
+    assert "core/statistics.py" in code["report"] and "core/stats.py" not in code["report"]
+    after = declaration.rendered(tmp_path / declaration.DECLARATION)
+    assert (tmp_path / declaration.DECLARATION).read_text() == declared
+    for path in after:
+        assert after[path] != before[path] and "src/nmt/core/words.py" in after[path], path
+        assert "src/nmt/core/statistics.py" in after[path], path
+
+
+def test_a_declared_code_list_is_refused(tmp_path):
+    """The code is derived: a hand-kept list, which would go stale, is an error."""
+    src = source_copy(tmp_path)
+    path = src.parent / declaration.DECLARATION
+    path.write_text(path.read_text().replace("    cmd: nmt sources --out",
+                                             "    code: [stages/sources.py]\n"
+                                             "    cmd: nmt sources --out", 1))
+    with pytest.raises(ValueError, match="sources: code is derived"):
+        declaration.load(path)
+
+
 # ---- a toy stage, added as the README's "Adding a stage" says ------------------------------
 
 TOY_MODULE = '''\
@@ -113,7 +214,6 @@ def command(args, params: dict) -> None:
 TOY_ENTRY = """
   toy:
     cmd: nmt toy --out data/toy.txt
-    code: [stages/toy.py, core/files.py]
     params: [toy]
     outs: [data/toy.txt]
 """

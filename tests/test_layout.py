@@ -9,7 +9,8 @@
     commands  nmt commands that are no stage    stages, pipeline, training, core, models
     cli.py    the `nmt` command                 everything
 
-Every import counts, a function's own included (cli and the commands import late, for speed).
+Every import counts, a function's own included (cli and the commands import late, for speed):
+nmt.pipeline.declaration.imports parses them, the parser that derives each stage's code.
 Each package's __init__ docstring says the same in words.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from nmt.pipeline.declaration import imports, module_name  # the one parser: stages' code too
 
 SRC = REPO / "src"
 LAYERS = ("models", "core", "training", "pipeline", "stages", "commands")
@@ -46,25 +48,6 @@ def place(module: str) -> tuple[str, str]:
     return parts[1], parts[2] if len(parts) > 2 else ""
 
 
-def imports(path: Path, module: str) -> set[str]:
-    """Every nmt module the file imports, at its top or inside a function."""
-    out = set()
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from . import x
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
-                                + ([base] if base else []))
-            out.add(base)
-            out |= {f"{base}.{a.name}" for a in node.names
-                    if (SRC / (f"{base}.{a.name}".replace(".", "/") + ".py")).is_file()
-                    or (SRC / f"{base}.{a.name}".replace(".", "/")).is_dir()}
-    return {m for m in out if m == "nmt" or m.startswith("nmt.")}
-
-
 def allowed(importer: str, imported: str) -> bool:
     (layer, unit), (to_layer, to_unit) = place(importer), place(imported)
     if layer in ("cli", "__main__", "nmt"):
@@ -79,8 +62,7 @@ def allowed(importer: str, imported: str) -> bool:
 def violations(src: Path) -> list[str]:
     found = []
     for path in sorted((src / "nmt").rglob("*.py")):
-        rel = path.relative_to(src).with_suffix("")
-        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        module = module_name(path, src)
         found += [f"{module} imports {m}" for m in sorted(imports(path, module))
                   if not allowed(module, m)]
     return found
