@@ -76,7 +76,7 @@ def test_preflight_checks_every_folder_a_stage_writes_into():
     assert set(preflight.OUTPUT_FOLDERS) == tops | {"logs"}  # logs: Snakemake's
 
 
-# ---- a toy stage, added as the README's "Adding a stage" says ------------------------------
+# ---- a toy stage, added as docs/adding-a-stage.md says ------------------------------------
 
 TOY_MODULE = '''\
 """Stage toy (tests/test_declaration.py): writes toy.greeting to data/toy.txt."""
@@ -149,7 +149,7 @@ def test_a_new_stage_needs_a_module_a_declaration_entry_and_its_params(tmp_path,
     root = scratch_copy(tmp_path)
     edited = add_toy_stage(root)
     run(["nmt", "stages", "--write"], root)
-    assert len(edited) == 4  # the README's "Adding a stage" counts the same files
+    assert len(edited) == 4  # docs/adding-a-stage.md counts the same files
     toy = declaration.load(root / declaration.DECLARATION)["toy"]
     assert "rule toy:" in (root / "workflow/rules/stages.smk").read_text()
 
