@@ -209,9 +209,10 @@ def test_search_steps_add_to_the_step_they_name_and_demo_is_the_chosen_one():
     s3, d2 = resolve(params, "demo_s3"), resolve(params, "demo_d2")
     assert s3["vocab"] == s0["vocab"] and s3["train"]["schedule"] == "inverse_sqrt"
     assert d2["model"]["decoder_only_layers"] == 2 and d2["train"] == s0["train"]
-    # The demo recipe is the search step chosen on the validation set (README, Results), but
-    # for its precision: the step pins bf16, which it trained in, and the demo takes `auto`,
-    # the faster one measured on each machine (nmt.training.precision).
+    # The demo recipe is the search step chosen on the validation set
+    # (docs/demo-recipe-search.md), but for its precision: the step pins bf16, which it trained
+    # in, and the demo takes `auto`, the faster one measured on each machine
+    # (nmt.training.precision).
     demo, chosen = resolve(params, "demo"), resolve(params, DEMO_IS)
     assert all(demo[k] == chosen[k] for k in ("vocab", "model", "evaluate"))
     assert demo["train"] | {"precision": "bf16"} == chosen["train"]

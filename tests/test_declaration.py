@@ -177,7 +177,7 @@ def test_a_declared_code_list_is_refused(tmp_path):
         declaration.load(path)
 
 
-# ---- a toy stage, added as the README's "Adding a stage" says ------------------------------
+# ---- a toy stage, added as docs/adding-a-stage.md says ------------------------------------
 
 TOY_MODULE = '''\
 """Stage toy (tests/test_declaration.py): writes toy.greeting to data/toy.txt."""
@@ -249,7 +249,7 @@ def test_a_new_stage_needs_a_module_a_declaration_entry_and_its_params(tmp_path,
     root = scratch_copy(tmp_path)
     edited = add_toy_stage(root)
     run(["nmt", "stages", "--write"], root)
-    assert len(edited) == 4  # the README's "Adding a stage" counts the same files
+    assert len(edited) == 4  # docs/adding-a-stage.md counts the same files
     toy = declaration.load(root / declaration.DECLARATION)["toy"]
     assert "rule toy:" in (root / "workflow/rules/stages.smk").read_text()
 

@@ -1,14 +1,15 @@
 """The demo's training minutes on this machine, from each model's first updates, extrapolated.
 
-Produces the README's "Demo minutes by CPU kind" table. For each model, `nmt train` trains the
-recipe (default: demo) for its first --updates updates (train.max_updates set to that in a
-params copy; everything else as the recipe has it: the precision `auto` chooses, threads,
-batches) into a folder of its own, then extrapolates train.json's budget (train_minutes: the
-updates plus the validation passes) to the whole run:
+Produces the README's first-screen table of the demo's minutes by CPU kind. For each model,
+`nmt train` trains the recipe (default: demo) for its first --updates updates (train.max_updates
+set to that in a params copy; everything else as the recipe has it: the precision `auto` chooses,
+threads, batches) into a folder of its own, then extrapolates train.json's budget
+(train_minutes: the updates plus the validation passes) to the whole run:
 
     minutes = seconds an update x the recipe's max_updates + a validation pass x its epochs
 
-checked against whole trainings (README: within a few percent). The environment passes on, so
+checked against whole trainings (docs/cpu-and-precision.md, "What it takes on your CPU":
+within a few percent). The environment passes on, so
 
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
         python tools/demo_minutes.py

@@ -28,7 +28,7 @@ log = logging.getLogger("nmt.estimate")
 
 # A whole demo training over max_updates x the calibrated update of its model (validation,
 # the data, real batch shapes): 1.04, 1.09 and 1.05 for the baseline, scratch and decoder-only
-# trainings on the Xeon without AMX (README, CPU only).
+# trainings on the Xeon without AMX (docs/cpu-and-precision.md, CPU only).
 WHOLE_OVER_CALIBRATED = 1.06
 GUESSED_WORDS = 8000  # a word vocabulary's size before it is built (the demo's: 8,012 and 6,190)
 

@@ -2,7 +2,7 @@
 
 Eagerly, a published-size update (65 M parameters, 32 sentences) launches a few thousand
 small kernels one by one from Python, and the GPU waits for them: 46-68 ms an update on an
-H100 at 0.3 % of its bf16 peak (README, Results). A CUDA graph records one update's kernels
+H100 at 0.3 % of its bf16 peak (reports/gpu-first-run/README.md). A CUDA graph records one update's kernels
 once (forward, backward, gradient clipping and the fused Adam step) and replays them with
 one launch. Each batch shape (sentences x source length, target length) gets its own graph,
 captured the first time it comes; the graphs share one memory pool, so they cost about the
