@@ -2,12 +2,12 @@
 
 Eagerly, a published-size update (65 M parameters, 32 sentences) launches a few thousand
 small kernels one by one from Python, and the GPU waits for them: 46-68 ms an update on an
-H100 at 0.3 % of its bf16 peak (reports/gpu-first-run/README.md). A CUDA graph records one update's kernels
-once (forward, backward, gradient clipping and the fused Adam step) and replays them with
-one launch. Each batch shape (sentences x source length, target length) gets its own graph,
-captured the first time it comes; the graphs share one memory pool, so they cost about the
-memory of one update. torch.compile was the other way to fewer launches; it cost more than
-it saved here (nmt.core.runtime.resolve_compile).
+H100 at 0.3 % of its bf16 peak (reports/gpu-first-run/README.md). A CUDA graph records one
+update's kernels once (forward, backward, gradient clipping and the fused Adam step) and
+replays them with one launch. Each batch shape (sentences x source length, target length)
+gets its own graph, captured the first time it comes; the graphs share one memory pool, so
+they cost about the memory of one update. torch.compile was the other way to fewer launches;
+it cost more than it saved here (nmt.core.runtime.resolve_compile).
 
 What a graph needs, and how the update gives it:
 - inputs at fixed addresses: each graph owns device buffers for src, tgt and the update's
