@@ -27,7 +27,7 @@ os.environ["NMT_CACHE_DIR"] = tempfile.mkdtemp(prefix="nmt-cache-")
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from nmt.cli import keep_freed_memory  # noqa: E402
+from nmt.core.process import keep_freed_memory  # noqa: E402
 from nmt.pipeline.params import load_params  # noqa: E402
 
 # The tests train in their own processes too, not only through `nmt` (whose main() does this).

@@ -259,7 +259,7 @@ def test_threads_are_at_most_the_cores_the_process_may_use():
     """--threads 8 in a process bound to one core (taskset, a Slurm binding, a cpuset) gives
     torch one thread: more would only take turns on that core. Unbound: 8, at most the
     machine's cores."""
-    code = ("import torch; from nmt.cli import set_threads; set_threads(8); "
+    code = ("import torch; from nmt.pipeline.commandline import set_threads; set_threads(8); "
             "print(torch.get_num_threads())")
     cores = os.sched_getaffinity(0)
     for bound, expected in (({min(cores)}, 1), (cores, min(8, len(cores)))):
@@ -374,7 +374,7 @@ def test_nmt_keeps_freed_memory_for_the_next_step():
     its pages in again (16,384); after keep_freed_memory (which `nmt` calls first) the heap
     keeps it. It settles within a few allocations (torch's aligned blocks leave gaps that
     take a few frees to merge): the last 10 of 20 fault nothing."""
-    code = ("import resource, sys, torch; from nmt.cli import keep_freed_memory\n"
+    code = ("import resource, sys, torch; from nmt.core.process import keep_freed_memory\n"
             "kept = sys.argv[1] == 'kept' and keep_freed_memory()\n"
             "for step in range(20):\n"
             "    if step == 10:\n"

@@ -13,7 +13,8 @@ import yaml
 from conftest import REPO, edit_params
 from nmt.cli import main
 from nmt.core.errors import NmtError
-from nmt.core.runtime import GPU_MEMORY_ENV, bound_gpu_memory
+from nmt.core.process import GPU_MEMORY_ENV
+from nmt.core.runtime import bound_gpu_memory
 from nmt.pipeline import declaration
 from tiny import run, scratch_copy
 

@@ -28,7 +28,7 @@ SENTENCES, LENGTH = 160, 26
 
 def one_process(kept: bool, threads: int, steps: int) -> dict:
     """Steps in this process, after keep_freed_memory if `kept`; its figures."""
-    from nmt.cli import keep_freed_memory
+    from nmt.core.process import keep_freed_memory
 
     if kept and not keep_freed_memory():
         raise SystemExit("the C library is not glibc: there is nothing to compare")

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from nmt.cli import keep_freed_memory
 from nmt.core.codecs import load_codecs
+from nmt.core.process import keep_freed_memory
 from nmt.core.runtime import seed_everything
 from nmt.models import ModelConfig, build_model
 from nmt.pipeline.params import load_params

@@ -13,6 +13,7 @@ SHARED_CODE = [
     "src/nmt/cli.py",
     "src/nmt/core/__init__.py",
     "src/nmt/core/errors.py",
+    "src/nmt/core/process.py",
     "src/nmt/core/runs.py",
     "src/nmt/pipeline/__init__.py",
     "src/nmt/pipeline/commandline.py",

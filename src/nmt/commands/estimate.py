@@ -11,6 +11,7 @@ guessed: the BPE size, or GUESSED_WORDS words a side.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
@@ -31,6 +32,19 @@ log = logging.getLogger("nmt.estimate")
 # trainings on the Xeon without AMX (docs/cpu-and-precision.md, CPU only).
 WHOLE_OVER_CALIBRATED = 1.06
 GUESSED_WORDS = 8000  # a word vocabulary's size before it is built (the demo's: 8,012 and 6,190)
+
+HELP = ("Print what a recipe's trainings will take on this CPU, from the precision calibration "
+        "(measured once a machine, cached): the precision train.precision auto chooses, and "
+        "each model's minutes.")
+
+
+def arguments(s: argparse.ArgumentParser) -> None:
+    commandline.recipe(s)
+    s.add_argument("--models", default="baseline,scratch,decoder_only",
+                   help="the models to estimate, comma separated")
+    s.add_argument("--vocab", type=Path, default=None,
+                   help="the recipe's vocabulary, if built (default: data/vocab/<recipe>)")
+    commandline.threads(s)
 
 
 def command(args, params: dict) -> None:

@@ -3,6 +3,7 @@ its CTranslate2 export (`--engine ctranslate2`, written by `nmt export`)."""
 
 from __future__ import annotations
 
+import argparse
 import codecs
 import logging
 import sys
@@ -27,9 +28,38 @@ from nmt.core.runs import Run
 from nmt.core.runtime import pick_device
 from nmt.core.text import first_words, tokenize_lines
 from nmt.core.unknowns import detokenize_outputs
+from nmt.pipeline import commandline
+from nmt.pipeline.commandline import EXPORTS, VOCAB
 from nmt.pipeline.recipes import resolve
 
 log = logging.getLogger("nmt.translate")
+
+HELP = ("Translate German sentences given as arguments, in --file, or on standard input, with a "
+        "trained run's checkpoint; prints one English line per input line.")
+# What to make smaller when it runs out of memory (nmt.core.errors.out_of_memory); decoding
+# names its batch and beam itself (core.errors.memory_fix).
+MEMORY_FIX = "a smaller evaluate.batch_size, or fewer sentences at once"
+
+
+def arguments(s: argparse.ArgumentParser) -> None:
+    commandline.results(s)
+    commandline.threads(s)
+    s.add_argument("sentences", nargs="*")
+    s.add_argument("--run", default="published-scratch-s0",
+                   help="results/<run> to load (default: published-scratch-s0)")
+    s.add_argument("--checkpoint", type=Path, default=None, help="a .pt file instead of --run")
+    s.add_argument("--file", type=Path, default=None)
+    s.add_argument("--vocab", type=Path, default=VOCAB, help="holds <recipe>/")
+    s.add_argument("--beam", type=int, default=None, help="beam size (default: from params)")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--engine", choices=("torch", "ctranslate2"), default="torch",
+                   help="torch: the checkpoint in results/<run>; ctranslate2: its export in "
+                        "--exports/<run> (nmt export writes it)")
+    s.add_argument("--exports", type=Path, default=EXPORTS,
+                   help="with --engine ctranslate2: holds <run>/ (default: exports)")
+    s.add_argument("--compute-type", default="float32", choices=("float32", "int8"),
+                   help="with --engine ctranslate2: the weights' type (int8: quantized as "
+                        "the engine loads them)")
 
 
 def read_input(args) -> list[str]:
@@ -144,7 +174,7 @@ def encode_lines(lines: list[str], src_codec, max_len: int) -> list[Source | Non
     return out
 
 
-def translate_cli(args, params: dict) -> None:
+def command(args, params: dict) -> None:
     translator = engine_translator(args) if args.engine == "ctranslate2" else \
         torch_translator(args, params)
     # Decoding settings come from params.yaml (the recipe's there), not from the checkpoint:

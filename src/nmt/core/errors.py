@@ -85,9 +85,10 @@ class Completion:
 
 @contextmanager
 def last_outputs() -> Iterator[None]:
-    """Around a stage's last writes: a SIGTERM that comes during them waits until they are done
-    (nmt.cli.on_sigterm), and once they are done the outputs count as complete, so a SIGTERM
-    from then on ends the command with status 0 and a line that says so, not with 143."""
+    """Around a stage's last writes: a SIGTERM that comes during them waits until they are
+    done (nmt.core.process.on_sigterm), and once they are done the outputs count as complete,
+    so a SIGTERM from then on ends the command with status 0 and a line that says so, not
+    with 143."""
     Completion.writing = True
     try:
         yield

@@ -14,12 +14,10 @@ from pathlib import Path
 import torch
 
 from nmt.core.errors import NmtError
+from nmt.core.process import GPU_MEMORY_ENV
 
 log = logging.getLogger("nmt.runtime")
 
-# Megabytes (10^6 bytes, as Snakemake's mem_mb) of CUDA memory this process may take; `nmt
-# train|evaluate|bench --gpu-mem-mb` sets it, and torchrun's processes inherit it.
-GPU_MEMORY_ENV = "NMT_GPU_MEM_MB"
 # The attention kernels (F.scaled_dot_product_attention's backends) this process may use, comma
 # separated; unset: any. tools/gpu/preflight.py checks each kernel at the models' own calls and
 # prints the setting that leaves out one it found wrong; tools/gpu/run.sh then exports it for

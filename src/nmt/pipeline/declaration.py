@@ -112,17 +112,16 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
 # takes its .py files), and a change to any file of it re-runs every stage that imports any.
 # Besides these, every stage package (nmt.stages.verify, nmt.stages.train) is one.
 UNITS = ("models",)
-# Imported by nmt.cli.main only when tests record what a stage reads (NMT_TRACK_READS): the
-# recording, no stage's code (nmt.cli.record_reads leaves it out too).
+# Imported by nmt.cli only when NMT_TRACK_READS records what a command reads (a debug feature
+# the contract tests use): the recording, no stage's code (tracking.recorded leaves it out too).
 NOT_RUN = frozenset({"nmt.pipeline.tracking"})
-# What every command runs of nmt.cli: its top-level statements and this function, whose
-# imports are every command's (a function's body: all of it, though an `if` may skip one; an
-# import not every stage needs belongs in a function of its own). The imports in cli's other
-# functions are some commands' only (the commands that are no stage, nmt stages' renderer;
-# core.runtime for --gpu-mem-mb, which the stages that take it import themselves), and so not
-# every stage's code; the stage's own module cli imports by a computed name (importlib), which
-# no parser sees: that module is where `stage_code` starts.
-CLI_MAIN = "main"
+# What every command runs of nmt.cli: its top-level statements and these functions (main, and
+# run, which main calls for every command), whose imports are every command's (a function's
+# body: all of it, though an `if` may skip one; an import not every stage needs belongs in a
+# function of its own). The imports in cli's other functions are some commands' only, and so
+# not every stage's code; the stage's own module cli imports by a computed name (importlib),
+# which no parser sees: that module is where `stage_code` starts.
+CLI_RUNS = ("main", "run")
 
 
 def module_name(path: Path, src: Path) -> str:
@@ -218,10 +217,10 @@ def _file_imports(path: str, module: str, mtime_ns: int, size: int) -> frozenset
 
 def shared_code(src: Path) -> list[str]:
     """What every `nmt` command runs: nmt/cli.py, and what its top-level statements and its
-    `main` import (less NOT_RUN), with all they import."""
+    CLI_RUNS import (less NOT_RUN), with all they import."""
     tree = ast.parse((src / "nmt" / "cli.py").read_text())
     nodes = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-    nodes += [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == CLI_MAIN]
+    nodes += [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in CLI_RUNS]
     starts = imported(nodes, "nmt.cli", False, src) - NOT_RUN
     return sorted({"cli.py", *closure(starts, src)})
 

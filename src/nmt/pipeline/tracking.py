@@ -1,12 +1,19 @@
-"""For the stage-contract test only: a params mapping that records every key read from it.
+"""What a command read: every params key, and the `nmt` modules it loaded.
 
-`nmt` wraps params.yaml in `Tracked` when NMT_TRACK_READS names a file (nmt.cli); the test
-compares what each stage read with what workflow/stages.yaml declares. Nothing else uses it.
+A debug feature, and what the stage-contract tests stand on: with NMT_TRACK_READS=FILE, `nmt`
+(nmt.cli.reads_recorded) wraps params.yaml in `Tracked`, and when the command ends appends
+{stage, params, recipe_params, modules} to FILE as one JSON line (`recorded`). The tests
+compare each line with what workflow/stages.yaml declares and what its code derives to; by
+hand, it shows what a stage really reads (docs/testing.md). Unset, nothing here is imported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
+import sys
+from pathlib import Path
 
 import yaml
 
@@ -62,3 +69,20 @@ def start_tracking(params: dict, reads: set) -> Tracked:
     yaml.SafeDumper.add_representer(
         Tracked, lambda dumper, data: dumper.represent_dict(dict(data.items())))
     return Tracked(params, reads)
+
+
+@contextlib.contextmanager
+def recorded(path: Path, command: str):
+    """Around one `nmt` command: yields what wraps its params.yaml (start_tracking); at its
+    end, failed or not, appends what it read to `path` as one JSON line."""
+    reads = set()
+    try:
+        yield lambda params: start_tracking(params, reads)
+    finally:
+        modules = sorted(m for m in sys.modules if (m == "nmt" or m.startswith("nmt."))
+                         and m != __name__)  # the recording itself is no stage's code
+        line = {"stage": command, "modules": modules,
+                "params": sorted(k for ns, k in reads if ns == "params"),
+                "recipe_params": sorted(k for ns, k in reads if ns == "recipe")}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
