@@ -319,3 +319,15 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
             "report"} <= set(lock)
     bench = json.loads((copy / "results/bench.json").read_text())
     assert bench["device"] == "cpu" and bench["train"]["scratch"] > 0 < bench["beam"]["baseline"]
+
+
+def test_image_packages_leave_the_kits_own_to_carry():
+    """tools/gpu/image-packages.txt, read as bundle.sh reads it (lower case, `_` and `.` as
+    `-`): the image's torch and numpy are left out of the wheels, the packages the kit carries
+    (Snakemake, DVC, jsonschema and the two bundle.sh builds from source) are not."""
+    lines = (REPO / "tools/gpu/image-packages.txt").read_text().splitlines()
+    names = [re.sub(r"[_.]", "-", line.lower()) for line in lines if not line.startswith("#")]
+    assert len(names) == len(set(names)) and all(names)
+    assert {"torch", "numpy"} <= set(names)
+    assert not {"snakemake", "dvc", "jsonschema", "antlr4-python3-runtime",
+                "connection-pool"} & set(names)
