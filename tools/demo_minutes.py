@@ -1,6 +1,8 @@
 """The demo's training minutes on this machine, from each model's first updates, extrapolated.
 
-Produces the README's first-screen table of the demo's minutes by CPU kind. For each model,
+Produced the row of the README's first-screen table of the demo's minutes by CPU kind that says
+"the first 100 updates, extrapolated" (AVX512 turned off), and its check against whole
+trainings in docs/cpu-and-precision.md ("What it takes on your CPU"). For each model,
 `nmt train` trains the recipe (default: demo) for its first --updates updates (train.max_updates
 set to that in a params copy; everything else as the recipe has it: the precision `auto` chooses,
 threads, batches) into a folder of its own, then extrapolates train.json's budget
@@ -20,6 +22,9 @@ oneDNN's: "isa:Intel AVX2"). Needs data/tokenized and the
 recipe's vocabulary (`make demo`, or `dvc repro vocab@demo` in its experiment). Run it alone.
 
     python tools/demo_minutes.py [--recipe demo] [--updates 100] [--models baseline,scratch]
+        [--params params.yaml] [--tokenized data/tokenized] [--vocab data/vocab/<recipe>]
+
+tests/test_tools.py runs it on a tiny params file and data, as a smoke test.
 """
 
 from __future__ import annotations

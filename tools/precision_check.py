@@ -1,5 +1,8 @@
 """Does bf16 autocast cost the CPU demo any quality? The same trainings in fp32 and in bf16.
 
+Produced docs/cpu-and-precision.md's bf16 quality check (Precision: mean valid loss 1.7011
+and greedy valid BLEU 35.47 in bf16 against fp32's 1.7018 and 35.34, 382 against 500 ms an
+update) and the demo search's step demo_s12 (docs/demo-recipe-search.md).
 The demo recipe's scratch model is trained by `nmt train`, once per (precision, seed), with
 nothing else changed: the same updates (the recipe's train.max_updates), data and seeds. Each
 training runs alone, one after the other, on every core this process may use. Printed per run:
@@ -9,9 +12,11 @@ the mean over the seeds. The runs stay in --results for a second look.
 
     python tools/precision_check.py [--recipe demo] [--model scratch] [--seeds 0 1]
         [--precisions fp32 bf16] [--results /tmp/precision-check]
+        [--params params.yaml] [--tokenized data/tokenized] [--vocab data/vocab/<recipe>]
 
 The data and vocabulary stages must have run (`dvc repro vocab@demo`, or `nmt download`,
 `nmt tokenize`, `nmt vocab --recipe demo`). About 8 minutes a fp32 training on 2 cores.
+tests/test_tools.py runs it on a tiny params file and data, as a smoke test.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import json
 import statistics
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -31,10 +37,10 @@ from nmt.pipeline.params import read_params
 REPO = Path(__file__).resolve().parents[1]
 
 
-def params_with(precision: str, recipe: str, folder: Path) -> Path:
-    """A copy of params.yaml whose recipe trains in `precision` (schema beside it, as nmt
-    looks for it next to the params file)."""
-    params = read_params(REPO / "params.yaml")
+def params_with(source: Path, precision: str, recipe: str, folder: Path) -> Path:
+    """A copy of params.yaml (`source`) whose recipe trains in `precision` (schema beside it,
+    as nmt looks for it next to the params file)."""
+    params = read_params(source)
     params["recipes"][recipe].setdefault("train", {})["precision"] = precision
     path = folder / precision / "params.yaml"
     (path.parent / "workflow").mkdir(parents=True, exist_ok=True)
@@ -48,12 +54,12 @@ def params_with(precision: str, recipe: str, folder: Path) -> Path:
 def train(args, precision: str, seed: int) -> dict:
     """One `nmt train`; its train.json's figures."""
     results = args.results / precision
-    params = params_with(precision, args.recipe, args.results)
-    subprocess.run(["nmt", "--params", str(params), "-q", "train", "--recipe", args.recipe,
-                    "--model", args.model, "--seed", str(seed), "--tokenized",
-                    str(REPO / "data" / "tokenized"), "--vocab",
-                    str(REPO / "data" / "vocab" / args.recipe), "--results", str(results)],
-                   cwd=REPO, check=True)
+    params = params_with(args.params, precision, args.recipe, args.results)
+    vocab = args.vocab or REPO / "data" / "vocab" / args.recipe
+    subprocess.run([sys.executable, "-m", "nmt", "--params", str(params), "-q", "train",
+                    "--recipe", args.recipe, "--model", args.model, "--seed", str(seed),
+                    "--tokenized", str(args.tokenized), "--vocab", str(vocab),
+                    "--results", str(results)], cwd=REPO, check=True)
     summary = json.loads(Run(args.recipe, args.model, seed).files(results).summary.read_text())
     return {"precision": summary.get("precision", precision), "seed": seed,
             "valid_loss": summary["best_valid_loss"], "valid_bleu": summary["valid_bleu_greedy"],
@@ -70,6 +76,9 @@ def main() -> int:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--results", type=Path,
                         default=Path(tempfile.gettempdir()) / "precision-check")
+    parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
+    parser.add_argument("--tokenized", type=Path, default=REPO / "data" / "tokenized")
+    parser.add_argument("--vocab", type=Path, default=None, help="default: data/vocab/<recipe>")
     args = parser.parse_args()
     rows = [train(args, precision, seed) for seed in args.seeds for precision in args.precisions]
     print(f"\n{args.recipe} {args.model}, on {rows[0]['cpu']}")

@@ -1,5 +1,8 @@
 """Where a training step's time goes: torch.profiler over the steps `nmt bench` times.
 
+Produced docs/cpu-and-precision.md's table "Where a demo-size step's time goes" (ms a step by
+kind of operator, fp32 and bf16) and its per-model profiles (the baseline's `bernoulli_`
+dropout masks, the decoder-only model's LayerNorm, matrix products with AVX512 off).
 A model of a recipe (default: scratch, of recipe demo) takes Adam steps on the recipe's first
 training batches, in fp32 and in bf16 autocast, the update `nmt bench` times (bench.make_update).
 The profiler's self CPU time of every operator is summed into kinds: matrix products, fused
@@ -10,9 +13,10 @@ is told to keep freed memory first, as every `nmt` command does.
 
     python tools/step_profile.py [--recipe demo] [--model scratch] [--steps 8]
         [--precisions fp32 bf16]
-        [--vocab data/vocab/demo] [--tokenized data/tokenized]
+        [--vocab data/vocab/demo] [--tokenized data/tokenized] [--params params.yaml]
 
 Needs the recipe's vocabulary (`dvc repro vocab@demo`). Run it alone on the machine.
+tests/test_tools.py runs it on a tiny params file and data, as a smoke test.
 """
 
 from __future__ import annotations
@@ -93,9 +97,10 @@ def main() -> None:
     ap.add_argument("--model", default="scratch", help="baseline, scratch or decoder_only")
     ap.add_argument("--vocab", type=Path, default=None)
     ap.add_argument("--tokenized", type=Path, default=REPO / "data" / "tokenized")
+    ap.add_argument("--params", type=Path, default=REPO / "params.yaml")
     args = ap.parse_args()
     keep_freed_memory()  # as every nmt command does
-    settings = resolve(load_params(REPO / "params.yaml"), args.recipe)
+    settings = resolve(load_params(args.params), args.recipe)
     codecs = load_codecs(args.vocab or REPO / "data" / "vocab" / args.recipe)
     device = torch.device("cpu")
     batches, _, _ = bench_inputs(settings, args.tokenized,

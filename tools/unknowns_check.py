@@ -7,7 +7,10 @@ outputs held, and for the copies how many of the copied tokens occur in the sent
 reference, and how many are a source word the vocabulary lacks (the likely cause of the
 <unk>: a right alignment even where the reference translates the word). Three choices of
 attention are compared for the copy: the last decoder layer (what nmt.core.unknowns uses), the
-first, and the mean of all layers.
+first, and the mean of all layers. Produced docs/parameters-and-corpora.md's figures on unknown
+words (greedy BLEU 35.44 dropped, 33.23 marked, 35.33 copied on the demo's scratch run; the
+share of copies that are a word the vocabulary lacks, by layer). tests/test_tools.py runs it
+on a tiny trained run whose vocabulary lacks most words, as a smoke test.
 
     python tools/unknowns_check.py --run results/demo-scratch-s0 [--recipe demo]
         [--vocab data/vocab/demo] [--tokenized data/tokenized] [--split val]

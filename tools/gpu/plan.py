@@ -1,7 +1,7 @@
 """Plan a GPU machine's minutes: which runs of the pipeline fit in what is left, in what order.
 
     python3 tools/gpu/plan.py --minutes 6.5 [--check $OUT/check_graphs.json] [--extra RUN ...]
-        [--targets FILE]
+        [--targets FILE] [--params params.yaml] [--data data]
 
 The runs' optimizer updates come from the data (each recipe's batches of epoch 1 times its
 epochs, or train.max_updates); a run's seconds are its updates times the milliseconds an update
@@ -16,7 +16,9 @@ Snakemake targets, one a line (each planned run's evaluation, the bench, and the
 every run of the pipeline is in). When only some recipes' runs are all in, --narrowed writes
 params.yaml with pipeline.recipes cut to those recipes (the report of what was trained: `nmt
 --params FILE report`), and --stages the DVC stages of the planned runs (what `dvc commit` can
-record).
+record). tools/gpu/run.sh runs it (step 3; docs/gpu.md): its plan chose the runs that
+reports/h200-published/ holds and narrowed that report to the published recipe.
+tests/test_tools.py checks its choices, and runs it on a tiny params file and data.
 """
 
 from __future__ import annotations
@@ -113,8 +115,9 @@ def main() -> int:
     parser.add_argument("--narrowed", type=Path,
                         help="write params.yaml cut to the recipes whose runs are all planned")
     parser.add_argument("--data", type=Path, default=REPO / "data")
+    parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     args = parser.parse_args()
-    params = load_params(REPO / "params.yaml")
+    params = load_params(args.params)
     pipeline_runs = runs(params)
     order = in_priority(pipeline_runs, [Run.parse(name) for name in args.extra])
     ms, source = ms_per_update(args.check, args.ms)
@@ -150,7 +153,7 @@ def main() -> int:
                 if all(run in [c.run for c in chosen] for run in pipeline_runs
                        if run.recipe == recipe)]
     if args.narrowed and complete and not whole:
-        narrowed = read_yaml((REPO / "params.yaml").read_text())
+        narrowed = read_yaml(args.params.read_text())
         narrowed["pipeline"]["recipes"] = complete
         args.narrowed.write_text(yaml.safe_dump(narrowed, sort_keys=False))
         print(f"plan: the report covers recipe(s) {', '.join(complete)} ({args.narrowed})")

@@ -27,7 +27,14 @@
 # CHECKS (default "preflight graphs") names the steps 1 and 2 to run: a second call on the same
 # machine needs neither (plan.py reuses the first call's check_graphs.json, kept in
 # $CHECK_DIR, default /tmp/nmt-checks). UPDATE_MS gives plan.py the milliseconds an update
-# measured earlier on this kind of GPU, where step 2 is left out on a fresh machine.
+# measured earlier on this kind of GPU, where step 2 is left out on a fresh machine. KIT
+# (default /tmp) is where the wheels are installed (nmt-site, once: a folder already there is
+# kept) and the commands' wrappers written (nmt-bin).
+#
+# Its runs are the GPU runs of docs/gpu.md (reports/gpu-first-run, gpu-second-run and
+# h200-published). tests/test_tools.py runs it at tiny size on the CPU, after bundle.sh's data
+# part, in a copy of the repository (CHECKS="": the preflight and the graph check have their
+# own tests; KIT holds an empty nmt-site: the test's Python has the packages).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 minutes=${1:-9}
@@ -42,7 +49,8 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log") 2>&1
 export PYTHONUNBUFFERED=1
 
-site=/tmp/nmt-site bin=/tmp/nmt-bin
+KIT=${KIT:-/tmp}
+site=$KIT/nmt-site bin=$KIT/nmt-bin
 if [ ! -d "$site" ]; then  # the carried wheels, once a machine
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --target "$site" .whl/*.whl

@@ -1,0 +1,333 @@
+"""Every script in tools/ at tiny size, run as a user runs it (`python tools/x.py ...`), and
+its figures read back: they parse, and they are plausible. The figures of docs/ came from these
+scripts at full size; here they only have to run and say something sound.
+
+tools/gpu/preflight.py and tools/gpu/check_graphs.py have their own tests (test_preflight.py,
+test_graphs.py). The GPU kit's bundle.sh (its data part; the wheels need the network) and
+run.sh run at tiny size on the CPU in a copy of the repository (slow: make test runs it,
+make test-fast leaves it out).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, edit_params
+from nmt.core.records import write_record
+from nmt.core.runs import Run
+from nmt.pipeline.params import load_params
+from nmt.stages import vocab
+from train_helpers import TINY_MODEL, params_file, tiny_data
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DEMO_UPDATES = 40  # the tiny demo recipe's train.max_updates
+
+spec = importlib.util.spec_from_file_location("gpu_plan", REPO / "tools/gpu/plan.py")
+gpu_plan = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = gpu_plan  # its dataclass looks itself up there
+spec.loader.exec_module(gpu_plan)
+
+
+def tool(script: str, *args, timeout: float = 300) -> str:
+    """`python tools/<script> args` in a fresh single-threaded process; its stdout."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, str(REPO / "tools" / script), *map(str, args)],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+@pytest.fixture(scope="module")
+def tiny(prepared, tmp_path_factory) -> dict:
+    """The first 300 training and 50 validation pairs of the session's data with its test sets,
+    a word vocabulary of the words seen 4 times or more (most are not: the tiny models write
+    <unk>, whose copies unknowns_check.py follows), and a params.yaml whose published recipe
+    and demo recipe are tiny (the demo's: 40 updates of 512-token batches, fp32)."""
+    root = tmp_path_factory.mktemp("tools")
+    data = tiny_data(prepared, root, train=300, val=50)
+    for path in prepared["tokenized"].glob("test_*"):
+        shutil.copy(path, data["tokenized"])
+    params = load_params(REPO / "params.yaml")
+    vocab.build(params | {"vocab": {**params["vocab"], "min_freq": 4}},
+                vocab.Paths(data["tokenized"], root / "vocab" / "rare"))
+    path = params_file(root)
+    recipes = yaml.safe_load(path.read_text())["recipes"]
+    recipes["demo"]["model"].update(TINY_MODEL)
+    recipes["demo"]["train"].update(max_updates=DEMO_UPDATES, max_tokens=512, precision="fp32")
+    edit_params(path, recipes=recipes)
+    return {"root": root, "tokenized": data["tokenized"], "vocab": root / "vocab" / "rare",
+            "params": path}
+
+
+def test_allocator_bench(tmp_path):
+    out = tool("allocator_bench.py", "--threads", 1, "--pairs", 1, "--steps", 2,
+               "--sentences", 8)
+    rows = re.findall(r"^(default|kept) +([\d,]+) ms a step +([\d,]+) faults +([\d,]+) MB peak$",
+                      out, re.M)
+    assert [row[0] for row in rows] == ["default", "kept"], out
+    for _, ms, faults, peak in rows:
+        assert number(ms) > 0 and number(faults) >= 0 and number(peak) > 100  # torch alone
+    low, high = map(float, re.search(r"^kept is ([\d.]+)-([\d.]+)x as fast \(1 pairs, 1 threads\)$",
+                                     out, re.M).groups())
+    assert 0 < low <= high
+
+
+def test_beam_speed(tmp_path):
+    size = ["--threads", 1, "--repeats", 1, "--layers", 1, "--d-model", 32, "--heads", 2,
+            "--ffn", 64, "--sentences", 8, "--length", 8]
+    saved = tmp_path / "ours.json"
+    first = tool("beam_speed.py", *size, "--save", saved)
+    again = tool("beam_speed.py", *size, "--check", saved)
+    for out in (first, again):
+        assert out.startswith("beam 5, 8 sentences of 8 tokens, 1+1 layers, d_model 32, 2 heads, "
+                              "ffn 64, 1 threads, 1 repeats"), out
+        medians = dict(re.findall(r"^(nmt|ctranslate2) +median +([\d.]+) s", out, re.M))
+        assert set(medians) == {"nmt", "ctranslate2"}, out
+        assert all(float(m) >= 0 for m in medians.values())
+        assert float(re.search(r"our speed / CTranslate2's: ([\d.]+)", out).group(1)) > 0
+    ours = json.loads(saved.read_text())
+    assert len(ours) == 8 and all(isinstance(token, int) for hyp in ours for token in hyp)
+    assert again.rstrip().endswith(": True"), again  # the same outputs, run to run
+
+
+def test_demo_minutes(tiny):
+    out = tool("demo_minutes.py", "--params", tiny["params"], "--tokenized", tiny["tokenized"],
+               "--vocab", tiny["vocab"], "--updates", 5, "--threads", 1)
+    whole, epochs = map(int, re.search(rf"^recipe demo: ({DEMO_UPDATES}) updates, (\d+) epochs; "
+                                       r"timing the first 5 of each model", out, re.M).groups())
+    rows = re.findall(r"^(\w+): ([\d,]+) ms an update, (-?[\d.]+) s a validation pass, "
+                      r"(\w+) \(\w+\): about ([\d.]+) minutes for the whole run$", out, re.M)
+    assert [row[0] for row in rows] == ["baseline", "scratch", "decoder_only"], out
+    for _, ms, validation, precision, minutes in rows:
+        ms, validation, minutes = number(ms), float(validation), float(minutes)
+        assert ms > 0 and precision == "fp32"  # as the recipe pins it
+        # train.json's train_minutes has 2 decimals: at this size, 0.3 s either way
+        assert validation > -0.35
+        # the extrapolation, within the printed figures' rounding
+        assert abs(minutes - (ms / 1000 * whole + validation * epochs) / 60) < 0.01
+
+
+@pytest.fixture(scope="module")
+def precision_check(tiny) -> tuple[str, Path]:
+    """precision_check.py's output and results: the tiny demo's scratch model, seed 0, fp32
+    and bf16."""
+    results = tiny["root"] / "precision-check"
+    out = tool("precision_check.py", "--params", tiny["params"], "--tokenized",
+               tiny["tokenized"], "--vocab", tiny["vocab"], "--seeds", 0, "--results", results)
+    return out, results
+
+
+def test_precision_check(precision_check):
+    out, results = precision_check
+    rows = json.loads((results / "check.json").read_text())
+    assert [(r["precision"], r["seed"]) for r in rows] == [("fp32", 0), ("bf16", 0)]
+    for r in rows:
+        assert r["updates"] == DEMO_UPDATES and 0 < r["valid_loss"] < 20
+        assert r["minutes"] > 0 and r["ms_per_update"] > 0 and r["valid_bleu"] >= 0
+    # the same training in bf16: at tiny size its loss stays close (tests/test_precision.py)
+    assert abs(rows[0]["valid_loss"] - rows[1]["valid_loss"]) < 0.01
+    for r in rows:  # the table: a row per run, and per precision the mean (of one seed here)
+        assert re.search(rf"^ +{r['precision']} +0 +{DEMO_UPDATES} +{r['valid_loss']:.4f} ", out,
+                         re.M), out
+        assert re.search(rf"^ +{r['precision']} +mean +{r['valid_loss']:.4f} ", out, re.M), out
+
+
+def test_unknowns_check(tiny, precision_check):
+    run = Run("demo", "scratch", 0).files(precision_check[1] / "fp32").folder
+    out = tool("unknowns_check.py", "--run", run, "--recipe", "demo", "--vocab", tiny["vocab"],
+               "--tokenized", tiny["tokenized"])
+    sentences, lacking = map(int, re.search(r" on val: (\d+) sentences, (\d+) \(\d+%\) with a "
+                                            r"source word the vocabulary lacks", out).groups())
+    assert sentences == 50 and 0 < lacking <= 50
+    for method in ("greedy", "beam"):
+        assert re.search(rf"^{method}: BLEU dropped [\d.]+$", out, re.M), out
+        unknowns = {mode: re.search(rf"^{method}: BLEU {mode} +[\d.]+ \((\d+) <unk> in (\d+) "
+                                    r"outputs\)$", out, re.M).groups() for mode in ("mark", "copy")}
+        count, outputs = map(int, unknowns["mark"])
+        assert unknowns["copy"] == unknowns["mark"] and count >= outputs > 0, out
+        for layers in ("last", "first", "mean"):
+            lacks, total, right = map(int, re.search(
+                rf"^{method}: copies by the {layers} layer's attention: (\d+) of (\d+) \(\d+%\) a "
+                r"source word the vocabulary lacks, (\d+) \(\d+%\) in the reference$", out,
+                re.M).groups())
+            assert total == count and lacks <= total and right <= total  # a copy each <unk>
+
+
+def test_step_profile(tiny):
+    out = tool("step_profile.py", "--params", tiny["params"], "--vocab", tiny["vocab"],
+               "--tokenized", tiny["tokenized"], "--steps", 2, "--repeats", 1)
+    assert re.search(r"^recipe demo: scratch, 2 batches x 1 passes, 1 threads, [\d.]+ GFLOP a "
+                     r"step$", out, re.M), out
+    blocks = re.split(r"^\n", out, flags=re.M)[1:]
+    assert len(blocks) == 2, out
+    for precision, block in zip(("fp32", "bf16"), blocks, strict=True):
+        head, *lines = block.strip().split("\n")
+        wall, total, faults = re.fullmatch(
+            rf"{precision}: (\d+) ms a step \(profiled; [\d.]+ GFLOP/s\), operators' self time "
+            r"(\d+) ms, ([\d,]+) page faults", head).groups()
+        assert int(wall) > 0 and int(total) > 0 and number(faults) >= 0
+        kinds = {kind: (float(ms), float(share)) for kind, ms, share in
+                 (re.match(r"^  (.+?) +([\d.]+) ms +([\d.]+)%", line).groups() for line in lines)}
+        assert {"matrix products", "optimizer (Adam)", "softmax and loss"} <= set(kinds), block
+        assert set(kinds) <= {kind for kind, _ in profile_kinds()} | {"other"}
+        assert abs(sum(ms for ms, _ in kinds.values()) - int(total)) <= 0.5 + 0.05 * len(kinds)
+        assert abs(sum(share for _, share in kinds.values()) - 100) <= 0.05 * len(kinds)
+
+
+def profile_kinds():
+    """step_profile.py's kinds of operator."""
+    spec = importlib.util.spec_from_file_location("step_profile", REPO / "tools/step_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.KINDS
+
+
+# ---- tools/gpu/plan.py ----------------------------------------------------------------------
+
+def test_plan_takes_the_published_pair_first_then_what_fits():
+    published = [Run("published", m, 0) for m in ("baseline", "scratch", "decoder_only")]
+    other = [Run("tuned", m, 0) for m in ("baseline", "scratch")]
+    extra = [Run("published", "scratch", 1)]
+    order = gpu_plan.in_priority(other + published, extra)
+    assert order == [published[0], published[1], published[2], *extra, *other]
+    seconds = {"published": 100.0, "tuned": 30.0}
+    candidates = [gpu_plan.Planned(run, 1, seconds[run.recipe]) for run in order]
+    chosen = [c.run for c in gpu_plan.plan(candidates, 265)]
+    # the pair, then what still fits: not decoder_only or the extra seed (100 s), both tuned
+    assert chosen == [published[0], published[1], *other]
+    # the published pair starts even when it does not fit (it resumes on the next call)
+    assert [c.run for c in gpu_plan.plan(candidates, 50)] == published[:2]
+
+
+def test_plan_ms_per_update(tmp_path):
+    assert gpu_plan.ms_per_update(None, 5.1) == (5.1, "given (--ms)")
+    assert gpu_plan.ms_per_update(tmp_path / "absent.json")[0] == gpu_plan.UNMEASURED_MS
+    check = tmp_path / "check_graphs.json"
+    timed = {"graphs_cuda_graphs": 3, "graphs_ms_per_update": 5.0, "eager_ms_per_update": 9.0}
+    check.write_text(json.dumps({"ok": True, "equivalence": timed}))
+    assert gpu_plan.ms_per_update(check) == (5.0, "measured, CUDA graphs")
+    check.write_text(json.dumps({"ok": False, "equivalence": timed}))
+    assert gpu_plan.ms_per_update(check)[0] == 9.0  # a failed graph check: eager
+
+
+def test_plan_narrows_to_the_recipes_trained_whole(tiny, tmp_path):
+    """The tiny published recipe (3 epochs of 10 batches: 30 updates) and demo (40 updates) at
+    1 s an update: the minutes hold the published pair and one demo run, so the report covers
+    published only."""
+    params = edit_params(Path(shutil.copy(tiny["params"], tmp_path / "params.yaml")),
+                         pipeline={"recipes": ["published", "demo"],
+                                   "models": ["baseline", "scratch"], "seeds": [0]})
+    shutil.copytree(REPO / "workflow" / "schemas", tmp_path / "workflow" / "schemas")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tokenized").symlink_to(tiny["tokenized"])
+    (data / "vocab").mkdir()
+    (data / "vocab" / "published").symlink_to(tiny["vocab"])
+    runs = 1.15 * (30 + 30 + 40)  # seconds, validation's share included
+    out = tool("gpu/plan.py", "--params", params, "--data", data, "--ms", 1000, "--minutes",
+               (gpu_plan.AFTER_TRAINING + runs + 10) / 60, "--targets", tmp_path / "targets.txt",
+               "--stages", tmp_path / "stages.txt", "--narrowed", tmp_path / "narrowed.yaml")
+    marks = re.findall(r"^  (yes|no ) (\S+) +(\d+) updates", out, re.M)
+    assert marks == [("yes", "published-baseline-s0", "30"), ("yes", "published-scratch-s0", "30"),
+                     ("yes", "demo-baseline-s0", "40"), ("no ", "demo-scratch-s0", "40")], out
+    assert "the whole pipeline does NOT fit" in out
+    targets = (tmp_path / "targets.txt").read_text().split()
+    assert targets == ["results/published-baseline-s0/metrics.json",
+                       "results/published-scratch-s0/metrics.json",
+                       "results/demo-baseline-s0/metrics.json", "results/bench.json"]
+    assert (tmp_path / "stages.txt").read_text().split() == [
+        f"{stage}@{run}-0" for run in ("published-baseline", "published-scratch", "demo-baseline")
+        for stage in ("train", "evaluate")]
+    narrowed = yaml.safe_load((tmp_path / "narrowed.yaml").read_text())
+    assert narrowed["pipeline"]["recipes"] == ["published"]
+
+
+# ---- tools/gpu/bundle.sh and run.sh ---------------------------------------------------------
+
+@pytest.mark.slow
+def test_gpu_kit_at_tiny_size(mirror, tmp_path):
+    """bundle.sh's data part (dvc repro verify) in a tiny copy of the repository, then run.sh
+    there as on a GPU machine: the wheels' site already there (this Python has the packages),
+    no preflight or graph check (their own tests run them), the published baseline and scratch
+    trained, evaluated, benched and reported by Snakemake, recorded by `dvc commit`, packed."""
+    from tiny import scratch_copy
+
+    copy = scratch_copy(tmp_path / "copy")
+    edit_params(copy / "params.yaml", pipeline={"recipes": ["published"],
+                                                "models": ["baseline", "scratch"],
+                                                "seeds": [0], "export": []})
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)  # each script sets its own: the copy's src
+    bundled = subprocess.run(["bash", "tools/gpu/bundle.sh"], cwd=copy, capture_output=True,
+                             text=True, timeout=600,
+                             env={**env, "BIN": str(bin_dir), "STEPS": "data",
+                                  "PYTHONPATH": str(copy / "src")})
+    assert bundled.returncode == 0, bundled.stdout[-3000:] + bundled.stderr[-3000:]
+    assert "== wheels" not in bundled.stdout and "== ready: data/" in bundled.stdout
+    assert json.loads((copy / "results/verify/published.json").read_text())["passed"]
+    assert not (copy / ".whl").exists()
+    # The carried validation set, cut to 100 pairs (and recorded so): train's closing greedy
+    # BLEU over all 1,014 of an untrained model's sentences (each to its length limit) took
+    # 24 s a run.
+    for path in (copy / "data/tokenized").glob("val.*"):
+        path.write_text("".join(path.read_text().splitlines(keepends=True)[:100]))
+    write_record(copy / "data/tokenized", "tokenize")
+
+    out, kit = tmp_path / "out", tmp_path / "kit"
+    (kit / "nmt-site").mkdir(parents=True)
+    ran = subprocess.run(["bash", "tools/gpu/run.sh", "3"], cwd=copy, capture_output=True,
+                         text=True, timeout=600,
+                         env={**env, "OUT": str(out), "KIT": str(kit), "CHECKS": "",
+                              "CHECK_DIR": str(tmp_path / "checks")})
+    log = (out / "log").read_text()
+    assert ran.returncode == 0, log[-4000:]
+    assert "plan: 2 of 2 runs" in log and "the whole pipeline fits" in log, log
+    assert "dvc.lock: every stage recorded" in log, log[-4000:]
+    runs = [Run("published", model, 0) for model in ("baseline", "scratch")]
+    assert (out / "targets.txt").read_text().split() == [
+        *(str(run.files().metrics) for run in runs), "results/bench.json", "reports/report.md"]
+    assert (out / "stages.txt").read_text().split() == [
+        f"{stage}@{run.recipe}-{run.model}-{run.seed}" for run in runs
+        for stage in ("train", "evaluate")]
+    with tarfile.open(out / "results.tgz") as packed:
+        names = set(packed.getnames())
+        metrics = json.load(packed.extractfile(str(runs[1].files().metrics)))
+    assert {"reports/report.md", "dvc.lock", "results/bench.json", "params.yaml"} <= names
+    assert not [name for name in names if name.endswith(".pt")]  # no checkpoints
+    assert all(str(run.files().metrics) in names for run in runs)
+    for testset in ("test_2016_flickr", "test_2017_flickr"):
+        assert 0 < metrics[testset]["loss"] < 20 and 0 <= metrics[testset]["bleu"] <= 100
+    lock = yaml.safe_load((copy / "dvc.lock").read_text())["stages"]
+    assert {"train@published-scratch-0", "evaluate@published-baseline-0", "bench",
+            "report"} <= set(lock)
+    bench = json.loads((copy / "results/bench.json").read_text())
+    assert bench["device"] == "cpu" and bench["train"]["scratch"] > 0 < bench["beam"]["baseline"]
+
+
+def test_image_packages_leave_the_kits_own_to_carry():
+    """tools/gpu/image-packages.txt, read as bundle.sh reads it (lower case, `_` and `.` as
+    `-`): the image's torch and numpy are left out of the wheels, the packages the kit carries
+    (Snakemake, DVC, jsonschema and the two bundle.sh builds from source) are not."""
+    lines = (REPO / "tools/gpu/image-packages.txt").read_text().splitlines()
+    names = [re.sub(r"[_.]", "-", line.lower()) for line in lines if not line.startswith("#")]
+    assert len(names) == len(set(names)) and all(names)
+    assert {"torch", "numpy"} <= set(names)
+    assert not {"snakemake", "dvc", "jsonschema", "antlr4-python3-runtime",
+                "connection-pool"} & set(names)
