@@ -78,7 +78,7 @@ bench-data: setup  ## time the data stages and their peak memory on 1 M pairs (~
 	$(BIN)/nmt bench --data --pairs $(PAIRS) --raw data/raw --json results/data_bench.json
 
 lint: setup  ## ruff and snakemake --lint
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests tools
 	$(BIN)/snakemake --lint
 
 lock: setup  ## rewrite constraints.txt from the installed environment
