@@ -36,11 +36,11 @@ from nmt.pipeline.params import load_params
 # (nmt.pipeline.orchestrators).
 STAGES = tuple(sorted(m.name for m in pkgutil.iter_modules(nmt.stages.__path__)))
 # The modules of nmt.commands that are commands of their own (the others serve one of these,
-# or a stage: BESIDE).
+# or run instead of a stage: INSTEAD).
 COMMANDS = ("estimate", "stages", "translate")
-# A stage's subcommand that runs a command beside the stage when its options ask for one: the
-# module of nmt.commands with those options (`arguments`), `asked(args)` and `command`.
-BESIDE = {"bench": "benches"}
+# A stage's subcommand whose options (in the stage's module) can ask for a command instead of
+# the stage: option -> the module of nmt.commands whose `command` runs.
+INSTEAD = {"bench": {"data": "data_bench", "decoding": "decoding_bench"}}
 
 
 def module(name: str):
@@ -62,8 +62,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             code = module(name)
             sub = subcommands.add_parser(name, help=code.HELP, description=code.HELP)
             code.arguments(sub)
-            if name in BESIDE:
-                module(BESIDE[name]).arguments(sub)
     return parser
 
 
@@ -107,11 +105,9 @@ def run(args, track) -> int:
             set_threads(args.threads)  # the torch stages; train sets its own (nmt.stages.train)
         if getattr(args, "gpu_mem_mb", 0):  # train, evaluate, bench
             set_gpu_memory_bound(args.gpu_mem_mb)
-        beside = BESIDE.get(args.stage)
-        if beside and module(beside).asked(args):
-            status = module(beside).command(args, params) or 0
-        else:
-            status = module(args.stage).command(args, params) or 0
+        asked = [name for option, name in INSTEAD.get(args.stage, {}).items()
+                 if getattr(args, option)]
+        status = module(asked[0] if asked else args.stage).command(args, params) or 0
         if Completion.late_sigterm and status == 0:
             print(f"nmt {args.stage}: SIGTERM came after the last outputs were written; they are "
                   "complete", file=sys.stderr)

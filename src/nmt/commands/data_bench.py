@@ -232,6 +232,14 @@ def run_load_bpe(folder: Path, plan: DataPlan) -> dict:
     return run_load(folder, plan, "text", "vocab_bpe")
 
 
+def command(args, params: dict) -> None:
+    """`nmt bench --data` (nmt.stages.bench's options; nmt.cli runs this instead of the stage)."""
+    from nmt.pipeline.commandline import usable_cores
+
+    bench_data(Paths(raw=args.raw, json=args.json),
+               DataPlan(pairs=args.pairs, threads=args.threads or usable_cores()))
+
+
 def main(argv: list[str]) -> None:
     """`python -m nmt.commands.data_bench <step> <folder>`: one step, its details to
     folder/<step>.json."""

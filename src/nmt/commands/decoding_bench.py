@@ -115,3 +115,18 @@ def print_decoders(out: dict) -> None:
         print(f"{name:26}{r['method']:>8}{r['sentences_per_s']:>10,.1f}"
               f"{r['tokens_per_s']:>10,.1f}{r['bleu']:>8.2f}"
               f"{r['identical_to_nmt']:>8}/{out['sentences']}")
+
+
+def command(args, params: dict) -> None:
+    """`nmt bench --decoding` (nmt.stages.bench's options; nmt.cli runs this instead of the
+    stage): one trained run's decoding, ours against its CTranslate2 export's."""
+    from nmt.pipeline.commandline import VOCAB
+    from nmt.pipeline.recipes import resolve
+
+    run = Run.parse(args.run)
+    files = run.files(args.results)
+    bench_decoding(resolve(params, run.recipe), Paths(
+        run=files, export=args.exports / run.name, vocab=args.vocab or VOCAB / run.recipe,
+        tokenized=args.tokenized, json=args.json or files.decoding),
+        DecodingPlan(repeats=args.repeats or params["bench"]["repeats"],
+                     sentences=args.sentences or 0, threads=torch.get_num_threads()))

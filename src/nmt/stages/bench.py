@@ -341,6 +341,27 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         help="the median of this many is shown")
     parser.add_argument("--sentences", type=int, default=None, help="test sentences to decode")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    # `nmt bench --data` and `--decoding`: benchmarks beside the stage, which nmt.cli runs
+    # instead of it (its INSTEAD: nmt.commands.data_bench, nmt.commands.decoding_bench)
+    parser.add_argument("--data", action="store_true",
+                        help="instead: time the data stages (download, tokenize, vocab, "
+                             "loading an epoch of batches) and their peak memory on a synthetic "
+                             "corpus of --pairs pairs built from the Multi30k files in --raw; "
+                             "--threads: tokenize's processes (default: every core)")
+    parser.add_argument("--pairs", type=int, default=1_000_000,
+                        help="with --data: training pairs")
+    parser.add_argument("--raw", type=Path, default=commandline.RAW,
+                        help="with --data: the Multi30k raw files (default: data/raw)")
+    parser.add_argument("--decoding", action="store_true",
+                        help="instead: decode the first test set with --run's best.pt (our "
+                             "greedy and beam search) and with its CTranslate2 export in fp32 "
+                             "and int8, on the same threads; speed, BLEU and agreement, written "
+                             "to --json (default: results/<run>/decoding.json)")
+    parser.add_argument("--run", default="published-scratch-s0", help="with --decoding: the run")
+    parser.add_argument("--results", type=Path, default=commandline.RESULTS,
+                        help="with --decoding: holds <run>/")
+    parser.add_argument("--exports", type=Path, default=commandline.EXPORTS,
+                        help="with --decoding: holds <run>/, written by nmt export")
 
 
 def command(args, params: dict) -> None:
