@@ -110,7 +110,7 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
 
 # Packages that are one unit: one entry by their folder (DVC hashes the folder; Snakemake
 # takes its .py files), and a change to any file of it re-runs every stage that imports any.
-# Besides these, every stage package (nmt.stages.verify, nmt.stages.train) is one.
+# Besides these, every stage package (nmt.stages.verify) is one.
 UNITS = ("models",)
 # Imported by nmt.cli only when NMT_TRACK_READS records what a command reads (a debug feature
 # the contract tests use): the recording, no stage's code (tracking.recorded leaves it out too).

@@ -270,9 +270,11 @@ def training_speed(updates: dict[str, Updater], timed: list, repeats: int, devic
     batches, in their precision, replayed as CUDA graphs where nmt train would (eagerly, with a
     warning, if a capture fails: the untimed pass finds it; `cuda_graphs` says which was
     timed). MFU is of the peak of the precision trained in (peak_flops; none without one)."""
-    before = peak_flops(device)  # measured before and after the steps, the higher kept: on a
+    # The peak is measured before and after the updates, the higher kept: on a shared machine
+    # one calibration can catch a slow moment.
+    before = peak_flops(device)
     runs = {name: (lambda update=update: [update([(src, tgt, True)]) for src, tgt in timed])
-            for name, update in updates.items()}  # shared machine one calibration can be slow
+            for name, update in updates.items()}
     seconds, peak = interleaved(runs, repeats, device)
     precision = next(iter(updates.values())).config.precision
     tokens = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt in timed)

@@ -125,7 +125,7 @@ class StopSignals:
             return
         self.signum, self._first = signum, time.monotonic()
         if self.announce:
-                print(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving "
+            print(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving "
                   "the resume state (Ctrl-C again: stop at once)", file=sys.stderr, flush=True)
 
 
