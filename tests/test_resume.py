@@ -9,10 +9,13 @@ columns aside, nmt.training.loop.TIMING_FIELDS). Tiny model, 300 pairs: 10 updat
 
 from __future__ import annotations
 
+import copy
 import functools
+import json
 import logging
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ import torch
 import yaml
 
 from nmt import cli
+from nmt.core.errors import NmtError
 from nmt.core.runs import Run
 from nmt.training import resume
 from nmt.training.resume import StopSignals
@@ -100,8 +104,12 @@ def test_signal_stops_after_the_step_and_keeps_a_state(setup, tmp_path, caplog, 
     p = state["progress"]
     assert (p["epoch"], p["batch"], p["step"], len(p["history"]), len(p["recent"])) == (
         2, 4, 14, 1, 1)
+    killed_wall = p["earlier"]["wall"]  # the stopped process's seconds, from its start
+    assert killed_wall > p["earlier"]["start"] > 0
     assert "resuming from epoch 2, step 14 of 30 " in resume_in_process(argv, caplog)
     assert_same_outputs(setup["reference"]["epochs"], run_dir)
+    seconds = json.loads(RUN.files(tmp_path / "results").summary.read_text())["seconds"]
+    assert seconds["wall"] > killed_wall  # both processes' time, not only the last one's
 
 
 def test_other_settings_or_restart_set_the_state_aside(setup, tmp_path, caplog):
@@ -228,3 +236,62 @@ def test_orchestrator_killed_mid_training_resumes(uninterrupted, tmp_path, cmd):
     assert "resuming from epoch 2, step 32 of 64 " in logs
     assert not states[0].exists()
     assert report_numbers(root) == uninterrupted()
+
+
+class Blocking:
+    """A value whose pickling waits for `release`: a write that is still in flight."""
+
+    def __init__(self):
+        self.release, self.pickling = threading.Event(), threading.Event()
+
+    def __reduce__(self):
+        self.pickling.set()
+        assert self.release.wait(30), "the test never released the write"
+        return (dict, ())
+
+
+def test_a_state_is_written_while_the_caller_goes_on(tmp_path):
+    path, writer, blocking = tmp_path / "resume.pt", resume.StateWriter(), Blocking()
+    writer.submit(path, {"format": resume.FORMAT, "weights": torch.ones(3), "held": blocking})
+    assert blocking.pickling.wait(30)  # the thread is writing; submit has returned
+    assert not path.exists()  # nothing renamed onto the state's name before it is whole
+    blocking.release.set()
+    writer.wait()
+    assert torch.equal(torch.load(path, weights_only=False)["weights"], torch.ones(3))
+    assert not list(tmp_path.glob(".resume.pt.*.tmp"))
+
+
+def test_a_second_state_waits_for_the_first_and_lands_after_it(tmp_path):
+    path, writer, blocking = tmp_path / "resume.pt", resume.StateWriter(), Blocking()
+    writer.submit(path, {"n": 1, "held": blocking})
+    assert blocking.pickling.wait(30)
+    threading.Timer(0.2, blocking.release.set).start()
+    writer.submit(path, {"n": 2})  # waits for the first, then writes
+    writer.wait()
+    assert torch.load(path, weights_only=False)["n"] == 2 and writer.seconds_waited > 0.1
+
+
+def test_a_failed_write_is_raised_in_the_callers_thread(tmp_path):
+    writer = resume.StateWriter()
+    (tmp_path / "folder").write_text("a file where the run's folder should be")
+    writer.submit(tmp_path / "folder" / "resume.pt", {"n": 1})
+    with pytest.raises(NmtError, match="folder"):
+        writer.wait()
+    writer.wait()  # raised once: the writer is usable again
+
+
+def test_a_snapshot_keeps_the_values_of_its_instant():
+    """The weights and Adam's moments go on changing in place while the state is written."""
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    taken = resume.snapshot({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    before = copy.deepcopy(taken)
+    optimizer.step()  # in place: weights, exp_avg, exp_avg_sq, step
+    assert not torch.equal(model.weight, before["model"]["weight"])
+    for key, value in before["model"].items():
+        assert torch.equal(taken["model"][key], value)
+    for index, moments in before["optimizer"]["state"].items():
+        for name, value in moments.items():
+            assert torch.equal(taken["optimizer"]["state"][index][name], value), name

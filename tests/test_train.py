@@ -71,6 +71,14 @@ def test_max_updates_cuts_the_last_epoch_and_ends_the_decay_at_zero(data, tmp_pa
     assert [float(r["lr"]) for r in history] == [1.0e-3 * lr_factor(8, 2, "linear", 10), 0.0]
     trained = sum(float(r["seconds"]) for r in history) / 60  # validation passes come on top
     assert summary["train_minutes"] >= round(trained, 2) and "valid_bleu_greedy" in summary
+    seconds = summary["seconds"]  # the wall time beside the epochs, and where the rest went
+    assert list(seconds) == ["wall", "epochs", "validation", "start", "saving", "end", "other"]
+    assert seconds["epochs"] == pytest.approx(60 * trained, abs=0.02)
+    assert all(seconds[phase] > 0 for phase in ("epochs", "validation", "end")), seconds
+    assert seconds["saving"] >= 0  # a tiny state: milliseconds, 0.0 in two decimals
+    assert seconds["start"] > 0.5  # the interpreter's start and torch's import at least
+    assert seconds["wall"] >= seconds["start"] + seconds["epochs"] + seconds["end"]
+    assert seconds["other"] >= -0.05  # the phases are parts of the wall time, not more
 
 
 def test_schedule_counts_updates_not_micro_batches(data, tmp_path):

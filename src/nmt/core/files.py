@@ -14,6 +14,7 @@ no handling of their own.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
@@ -30,6 +31,13 @@ from nmt.core.errors import FULL, DiskFull, NmtError
 
 
 def _umask() -> int:
+    """The process's umask, read where Linux shows it: setting and restoring it (the portable
+    way) would, for a moment, give files another thread creates mode 0666 (resume states are
+    written by a thread while training goes on)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -1,7 +1,8 @@
 """What an `nmt` process sets up before its command runs, and how it answers a stop: glibc
 malloc's settings (keep_freed_memory), the CUDA memory bound its stage and torchrun's
-processes read (set_gpu_memory_bound), and the SIGTERM policy outside the training loop
-(sigterm_stops). Imports no torch: `nmt train` over several devices only launches torchrun.
+processes read (set_gpu_memory_bound), the SIGTERM policy outside the training loop
+(sigterm_stops), and how long ago it started (process_seconds). Imports no torch: `nmt
+train` over several devices only launches torchrun.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import ctypes
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from nmt.core.errors import Completion, NmtError
 
@@ -23,6 +26,19 @@ GPU_MEMORY_ENV = "NMT_GPU_MEM_MB"
 # unmapped when freed; free memory above M_TRIM_THRESHOLD at the heap's top goes back too.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 KEEP_BELOW = 2**31 - 1  # bytes (mallopt takes an int): blocks up to 2 GiB stay in the heap
+IMPORTED = time.monotonic()  # where /proc is not there to say when the process started
+
+
+def process_seconds() -> float:
+    """Seconds since this process started, the interpreter's start and its imports included:
+    Linux's /proc/self/stat gives the start (field 22, clock ticks since boot); elsewhere,
+    since this module was imported."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # fields 3.. follow the name
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic() - IMPORTED
 
 
 def keep_freed_memory() -> bool:

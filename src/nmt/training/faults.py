@@ -9,10 +9,14 @@ together with its job); @rank limits it to one process of a distributed run. Uns
 always is outside tests/test_resume.py and tests/test_faults.py, `reached` returns at once.
 
 The points, each one line in the code:
-    start   nmt train begins, before the loop's signal handling (n = 1)   stages/train.py, train
-    step    after optimizer update n of the run                           stages/train.py, fit
-    valid   after the first batch of this process's n-th validation       stages/train.py
-    save    half-way through writing this process's n-th resume state     training/resume.py, write
+    start   nmt train begins, before the loop's signal handling (n = 1)   training/loop.py, train
+    step    after optimizer update n of the run                           training/loop.py, fit
+    valid   after the first batch of this process's n-th validation       training/loop.py
+    save    its n-th resume state written, before the rename              training/resume.py
+
+Before a planted kill, `reached` runs the functions `before_kill` registered: the resume state
+writer waits for the write in flight (a thread), so that a kill after update n finds the state
+that update n's epoch end wrote, as it would without the thread.
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ from pathlib import Path
 
 ENV = "NMT_TEST_KILL_AT"
 POINTS = ("start", "step", "valid", "save")
+_before_kill: list = []  # functions run before a planted kill (before_kill)
+
+
+def before_kill(function) -> None:
+    """Run `function` (no arguments) before any planted kill of this process."""
+    _before_kill.append(function)
 
 
 def reached(point: str, count: int) -> None:
@@ -38,6 +48,8 @@ def reached(point: str, count: int) -> None:
     if where != point or int(n) != count:
         return
     sig = getattr(signal, f"SIG{rest[0] if rest else 'KILL'}")
+    for function in _before_kill:
+        function()
     if rest[1:] == ["session"]:
         for pid in session_pids():
             with contextlib.suppress(OSError):

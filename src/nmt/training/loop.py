@@ -8,17 +8,18 @@ update.
 
 Reading order: `train` (what stage train calls), `fit` (the loop, on one screen), then its
 steps in the order they run: `setup`, `resume_or_start`, the update (nmt.training.step),
-`end_epoch` (with `validation_loss`), `save_state`, `finish` (averaging the last epochs;
-nmt.training.outputs writes the outputs). `Trainer` is what a run trains with, `Progress`
-where it stands, `Paths` where it reads and writes. Beside the loop: the train: settings
-(config), the epoch's running numbers and progress bar (meter), the run folder's room, lock
-and set-aside outputs (folder), several processes (train.devices, torchrun: distributed) and
-the resume state's format (resume).
+`end_epoch` (with `validation_loss`), `save_state` (a thread writes it while training goes
+on), `finish` (averaging the last epochs; nmt.training.outputs writes the outputs). `Trainer`
+is what a run trains with, `Progress` where it stands, `Paths` where it reads and writes.
+Beside the loop: the train: settings (config), the epoch's running numbers and progress bar
+(meter), the run folder's room, lock and set-aside outputs (folder), several processes
+(train.devices, torchrun: distributed) and the resume state's format and writer (resume).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
@@ -36,6 +37,7 @@ from nmt.core.codecs import load_codecs
 from nmt.core.data import Batches, load_pairs
 from nmt.core.errors import NmtError
 from nmt.core.loss import corpus_loss
+from nmt.core.process import process_seconds
 from nmt.core.runs import Run, RunFiles
 from nmt.core.runtime import (
     bound_gpu_memory,
@@ -106,6 +108,10 @@ class Trainer:
     last_save: float = field(default_factory=time.monotonic)
     validations: int = 0  # validation passes of this process (a fault point counts them)
     attention_kernels: str = "any"  # the kernels NMT_ATTENTION_KERNELS allows (runtime)
+    writer: resume.StateWriter = field(default_factory=resume.StateWriter)  # rank 0's writes
+    # This process's seconds outside the epochs, by phase (`spent`): start (from the process's
+    # start until the loop begins), saving (the loop's time in save_state), end (finish)
+    clock: dict[str, float] = field(default_factory=dict)
 
     @property
     def precision(self) -> str:
@@ -174,6 +180,9 @@ class Progress:
     best_state: dict | None = None  # the best weights (CPU)
     stale: int = 0  # epochs since the validation loss last improved
     recent: list[dict] = field(default_factory=list)  # the last average_last epochs' weights
+    # Seconds by phase (wall, start, saving: `spent`) of the run's earlier processes, up to the
+    # resume state each wrote last; the work of a killed process after that state is not in it
+    earlier: dict = field(default_factory=dict)
 
     def done(self, config: TrainConfig) -> bool:
         """Every epoch (or max_updates update) trained, or patience ran out."""
@@ -208,6 +217,7 @@ def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
             check_room(paths.run, trainer.n_params, trainer.config.average_last)
             lock = sole_trainer(paths.run)
         progress = resume_or_start(trainer, restart)
+        trainer.clock["start"] = process_seconds()
         fit(trainer, progress)
         summary = finish(trainer, progress)
         trainer.world.barrier()  # the ranks leave together, once rank 0 has written the run
@@ -218,6 +228,7 @@ def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
             raise
         raise lost from None
     finally:
+        trainer.writer.wait_quietly()  # a state being written is whole before the lock goes
         trainer = None  # DDP holds the process group: let it go before the group is destroyed
         distributed.leave()
         if lock is not None:
@@ -227,7 +238,8 @@ def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
 def fit(trainer: Trainer, progress: Progress) -> None:
     """The loop: the epochs' optimizer updates, each epoch then validated and saved. After
     every update the ranks agree (world.max) whether a signal asked to stop and whether a
-    save is due; a stop writes the resume state, then raises Stopped."""
+    save is due; a stop writes the resume state, waits until it is on disk, then raises
+    Stopped."""
     config, world = trainer.config, trainer.world
     with stop_signals(trainer) as stop:
         while not progress.done(config):
@@ -253,6 +265,7 @@ def fit(trainer: Trainer, progress: Progress) -> None:
                 save_state(trainer, progress)
             stop.signum = world.max([stop.signum])[0]  # ranks agree
             if stop.signum:
+                trainer.writer.wait()  # the state is on disk before the line says it is kept
                 raise stopped(trainer, progress, stop.signum)
 
 
@@ -444,18 +457,35 @@ def epoch_row(trainer: Trainer, progress: Progress, valid_loss: float) -> dict:
 
 
 def save_state(trainer: Trainer, progress: Progress) -> None:
-    """Write the resume state (rank 0): all it takes to continue exactly where the run stands."""
-    update = trainer.update
+    """Start writing the resume state (rank 0): all it takes to continue exactly where the run
+    stands, as CPU copies taken now (resume.snapshot), written by a thread while training goes
+    on (resume.StateWriter; the loop waits for it before it says a stopped run kept it)."""
+    began, update = time.perf_counter(), trainer.update
     ranks = trainer.world.gather({"rng": resume.rng_state(trainer.device),
                                   **{k: getattr(progress, k) for k in RANK_OWN}})
     if trainer.world.main:
-        resume.write(trainer.paths.run.resume, {
+        # Progress's lists and dicts are copied; the weights they hold (best_state, recent)
+        # are CPU copies that are replaced, never changed in place, so they are shared
+        now = {f.name: copy.copy(getattr(progress, f.name)) for f in fields(Progress)}
+        now["earlier"] = spent(trainer, progress)  # what a resumed run adds its own time to
+        trainer.writer.submit(trainer.paths.run.resume, {
             "format": resume.FORMAT, "config": trainer.resume_key,
-            "config_hash": resume.config_hash(trainer.resume_key),
-            "model": cpu_copy(update.model), "optimizer": update.optimizer.state_dict(),
-            "scheduler": update.scheduler.state_dict(), "ranks": ranks,
-            "progress": {f.name: getattr(progress, f.name) for f in fields(Progress)}})
+            "config_hash": resume.config_hash(trainer.resume_key), **resume.snapshot({
+                "model": update.model.state_dict(), "optimizer": update.optimizer.state_dict(),
+                "scheduler": update.scheduler.state_dict(), "ranks": ranks}),
+            "progress": now})
     trainer.saved, trainer.last_save = progress.where(trainer), time.monotonic()
+    trainer.clock["saving"] = trainer.clock.get("saving", 0.0) + time.perf_counter() - began
+
+
+def spent(trainer: Trainer, progress: Progress) -> dict[str, float]:
+    """Seconds by phase over the run's processes so far (the earlier ones' and this one's):
+    wall (from each process's start), start (until the loop began), saving (the loop's time in
+    save_state: the snapshot, and waiting for the write before it), end (finish, up to the
+    summary). The epochs' and the validation passes' own seconds are in Progress."""
+    now = {**trainer.clock, "wall": process_seconds()}
+    return {phase: progress.earlier.get(phase, 0.0) + now.get(phase, 0.0)
+            for phase in sorted(now.keys() | progress.earlier.keys())}
 
 
 def kept(trainer: Trainer) -> str:
@@ -493,10 +523,16 @@ def finish(trainer: Trainer, progress: Progress) -> dict:
     if not math.isfinite(progress.best_loss):
         raise NmtError(f"{trainer.run.name}: the validation loss never became finite "
                        "(fix: lower train.lr or set train.clip_grad_norm)")
+    began = time.perf_counter()
     averaged = average_last_epochs(trainer, progress)
     if not trainer.world.main:
         return {}
-    summary = write_outputs(trainer, progress, averaged)
+    trainer.writer.wait()  # the last state is written (or its failure raised) before it goes
+
+    def seconds() -> dict:  # write_outputs reads it once the summary's valid BLEU is decoded
+        trainer.clock["end"] = time.perf_counter() - began
+        return spent(trainer, progress)
+    summary = write_outputs(trainer, progress, averaged, seconds)
     trainer.paths.run.resume.unlink(missing_ok=True)  # the stage is complete
     for path in trainer.paths.run.trained:  # and replaces the finished run set aside
         previous(path).unlink(missing_ok=True)

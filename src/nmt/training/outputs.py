@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,13 +24,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("nmt.train")
 
 
-def write_outputs(trainer: Trainer, progress: Progress, averaged: float | None) -> dict:
-    """Write last.pt, best.pt, history.csv and train.json (last: it marks a finished run)."""
+def write_outputs(trainer: Trainer, progress: Progress, averaged: float | None,
+                  spent: Callable[[], dict]) -> dict:
+    """Write last.pt, best.pt, history.csv and train.json (last: it marks a finished run).
+    `spent()`: the run's seconds by phase so far (loop.spent), read once the summary's valid
+    BLEU is decoded."""
     files, last, meta = trainer.paths.run, progress.history[-1], trainer.checkpoint_meta
     checkpoint.save(files.last, trainer.model, **meta, epoch=last["epoch"],
                     valid_loss=last["valid_loss"])
     trainer.model.load_state_dict(progress.best_state)
     summary = summarize(trainer, progress, averaged)  # (its greedy BLEU: the best weights)
+    summary["seconds"] = where_time_went(progress, spent())
     mean_of = {"averaged": progress.best_averaged} if progress.best_averaged else {}
     with last_outputs():  # a SIGTERM from here on waits, then finds every output in place
         checkpoint.save(files.best, trainer.model, **meta, epoch=progress.best_epoch,
@@ -60,6 +65,21 @@ def summarize(trainer: Trainer, progress: Progress, averaged: float | None) -> d
         **machine_report(trainer),
         "config": trainer.checkpoint_meta["params"],  # the settings the checkpoints record
     }
+
+
+def where_time_went(progress: Progress, phases: dict[str, float]) -> dict[str, float]:
+    """The run's wall time (every process of it, from each one's start) beside the sum of its
+    epochs (the updates, history.csv's seconds), and what else it went on: the validation
+    passes, each process's start (interpreter, imports, data, model, resume state read),
+    saving (the loop's own time in save_state), the end (the averaged weights' validation,
+    last.pt, the greedy valid BLEU) and the rest (logging, best.pt and this file; a killed
+    process's work after its last resume state)."""
+    named = {"epochs": sum(row["seconds"] for row in progress.history),
+             "validation": progress.valid_seconds,
+             **{phase: phases.get(phase, 0.0) for phase in ("start", "saving", "end")}}
+    wall = phases["wall"]
+    return {key: round(value, 2)
+            for key, value in {"wall": wall, **named, "other": wall - sum(named.values())}.items()}
 
 
 def valid_bleu(trainer: Trainer) -> float | None:

@@ -5,6 +5,12 @@ Not a declared output of any stage (git and DVC ignore it); written atomically a
 every epoch and, with train.save_every_minutes, within one; removed when the stage completes.
 Plain types and tensors only, so `torch.load(..., weights_only=True)` reads it.
 
+Written off the training's critical path (`StateWriter`): the loop hands over a snapshot (CPU
+copies of everything a later update changes in place, `snapshot`) and goes on training while a
+thread serializes it and writes it (a published-size state is about 1 GB: 6-8 s to write on
+a CI machine's disk, every epoch). One write is in flight at a time; a stop (a signal) writes
+its state and waits for it, and so does the end of the run before it removes the state.
+
 Format (a dict):
     format          FORMAT (an int; another value is set aside like a changed configuration)
     config          what must match to continue (`config_key`), and config_hash its sha256
@@ -18,14 +24,13 @@ Format (a dict):
                     best_state, stale, recent (the averaging buffer)
 The batch order itself is not stored: it follows from (seed, epoch) (nmt.core.data.Batches).
 
-SIGINT/SIGTERM (`StopSignals`) let the current step finish; the loop then writes the state and
-raises `Stopped` (exit 130/143).
+SIGINT/SIGTERM (`StopSignals`) let the current step finish; the loop then writes the state,
+waits for it, and raises `Stopped` (exit 130/143).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -34,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -137,19 +143,82 @@ _writes = 0  # resume states this process began to write (a fault point counts t
 
 
 def write(path: Path, state: dict) -> None:
-    """Serialize to memory, then write the bytes atomically (same state, same bytes)."""
+    """Serialize `state` straight into a temporary file, then rename it onto `path` (same
+    state, same bytes). A kill at any instant leaves the old state or the new one whole."""
     global _writes
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    data = buf.getvalue()
     _writes += 1
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(data[: len(data) // 2])
+        torch.save(state, f)
         f.flush()
-        faults.reached("save", _writes)  # a kill here: half a temporary file, the old state intact
-        f.write(data[len(data) // 2 :])
-        f.flush()
+        faults.reached("save", _writes)  # a kill here: a whole temporary file, not yet renamed
         os.fsync(f.fileno())  # on disk before the rename: a power cut keeps one whole state
+
+
+def snapshot(value):
+    """`value` with every tensor in it copied to the CPU (dicts, lists and tuples rebuilt; other
+    values shared): what a resume state holds at this instant, however the weights, the
+    optimizer's moments and its lr go on changing in place while a thread writes it."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: snapshot(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(item) for item in value)
+    return value
+
+
+class StateWriter:
+    """Writes resume states in a background thread, one at a time, in the order given.
+
+    `submit` waits for the write in flight (so at most one snapshot waits in memory beside the
+    one being written), then starts this one and returns. `wait` returns once nothing is in
+    flight and raises, in the caller's thread, what a write failed with (a full disk: DiskFull's
+    one line). A planted kill (nmt.training.faults) waits for the write in flight first, so the
+    state a test expects is on disk; the kill *during* a write is the `save` point's."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.seconds_waited = 0.0  # the training's time spent waiting for a write to end
+        _writers.add(self)
+
+    def submit(self, path: Path, state: dict) -> None:
+        self.wait()
+        self.thread = threading.Thread(target=self._write, args=(path, state),
+                                       name="resume-state-writer")
+        self.thread.start()
+
+    def _write(self, path: Path, state: dict) -> None:
+        try:
+            write(path, state)
+        except BaseException as error:  # noqa: BLE001 - handed to the training's thread
+            self.error = error
+
+    def wait(self) -> None:
+        if self.thread is not None and self.thread is not threading.current_thread():
+            started = time.perf_counter()
+            self.thread.join()
+            self.seconds_waited += time.perf_counter() - started
+            self.thread = None
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+    def wait_quietly(self) -> None:
+        """wait(), a failed write left for `wait` to raise (a planted kill comes next)."""
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+
+
+_writers: weakref.WeakSet[StateWriter] = weakref.WeakSet()  # this process's, for the kill hook
+
+
+def _settle() -> None:
+    for writer in list(_writers):
+        writer.wait_quietly()
+
+
+faults.before_kill(_settle)
 
 
 def read(path: Path) -> tuple[dict | None, str]:
