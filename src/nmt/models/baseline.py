@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from nmt.models.beams import sentence_rows
 from nmt.models.config import ModelConfig
+from nmt.models.masks import bias
 
 
 @contextlib.contextmanager
@@ -126,18 +127,25 @@ class BaselineTransformer(nn.Module):
 
     @staticmethod
     def causal_mask(size: int, device) -> torch.Tensor:
-        """(T, T) bool, True above the diagonal: the future positions a query may not see."""
+        """(T, T) bool, True above the diagonal: the future positions a query may not see.
+
+        nn.Transformer takes its masks as bool (True: masked) and turns each into an additive
+        bias again in every attention it reaches: 19 times a forward at 6+6 layers, two kernels
+        each. In training, forward hands it the biases (nmt.models.masks), built once; in
+        evaluation the bool masks, which its fast path (a masked softmax) needs."""
         return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
-        src_pad = src == self.pad_id  # (B, S) True at padding, nn.Transformer's convention
+        x, y = self.embed_src(src), self.embed_tgt(tgt_in)
+        src_pad, tgt_pad = src == self.pad_id, tgt_in == self.pad_id  # True at padding
+        causal = self.causal_mask(tgt_in.size(1), tgt_in.device)
+        if self.training:  # each mask as its bias, once, not converted again in every layer
+            src_pad, tgt_pad, causal = (bias(~mask, x) for mask in (src_pad, tgt_pad, causal))
         with plain_under_autocast(src.device):
-            out = self.transformer(
-                self.embed_src(src), self.embed_tgt(tgt_in),
-                tgt_mask=self.causal_mask(tgt_in.size(1), tgt_in.device),
-                src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_in == self.pad_id,
-                memory_key_padding_mask=src_pad, tgt_is_causal=True)
+            out = self.transformer(x, y, tgt_mask=causal, src_key_padding_mask=src_pad,
+                                   tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad,
+                                   tgt_is_causal=True)
         return self.generator(out)
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:

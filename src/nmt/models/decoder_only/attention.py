@@ -3,8 +3,9 @@
 The same block as the encoder-decoder's (nmt/models/scratch/attention.py: one packed Q/K/V
 projection, a fused path and an explicit math path that returns weights); here one stack
 attends over source and target at once, and decoding appends each new position's keys and
-values. Masks are boolean, broadcast to (B, H, T_query, T_key): True where a query may attend
-a key. The model builds them (prefix or causal).
+values. The model builds the boolean masks (prefix or causal; True where a query may attend a
+key) and hands the stack their additive bias (nmt.models.masks), broadcast to
+(B, H, T_query, T_key).
 """
 
 import torch

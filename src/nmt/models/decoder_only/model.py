@@ -22,6 +22,7 @@ from nmt.models.config import ModelConfig
 from nmt.models.decoder_only.block import Stack
 from nmt.models.decoder_only.embedding import JointEmbedding, Positions
 from nmt.models.decoder_only.size import decoder_only_layers
+from nmt.models.masks import bias
 
 
 def packed_mask(src: torch.Tensor, tgt: torch.Tensor, pad_id: int, prefix: bool):
@@ -113,7 +114,8 @@ class DecoderOnlyTransformer(nn.Module):
     def states(self, src: torch.Tensor, tgt_in: torch.Tensor, need_weights: bool = False):
         """Final states of [source | target] (B, S+T, D), per-layer keys/values and weights."""
         mask = packed_mask(src, tgt_in, self.pad_id, self.prefix)  # (B, 1, S+T, S+T)
-        return self.stack(self.embed_packed(src, tgt_in), mask, need_weights=need_weights)
+        x = self.embed_packed(src, tgt_in)
+        return self.stack(x, bias(mask, x), need_weights=need_weights)  # one bias, every layer
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """LM head tied to the target rows of the token table: (..., D) -> (..., Vt)."""
@@ -147,7 +149,7 @@ class DecoderOnlyTransformer(nn.Module):
         # The newest position may attend every earlier one: only padding is masked.
         keep = (tokens != self.pad_id)[:, None, None, None]  # (B, 1, 1, 1)
         cache.mask = torch.cat([cache.mask, keep], dim=-1)
-        x, cache.kv, _ = self.stack(x, cache.mask, past_kv=cache.kv)
+        x, cache.kv, _ = self.stack(x, bias(cache.mask, x), past_kv=cache.kv)
         cache.length += 1
         return self.head(x[:, 0])
 

@@ -1,7 +1,7 @@
 """Scaled dot-product attention and multi-head attention (paper section 3.2).
 
-Masks are boolean and broadcast to (B, H, T, S): True where a query may attend a key,
-the convention of F.scaled_dot_product_attention.
+A mask reaches attention as an additive bias (nmt.models.masks: 0 where a query may attend a
+key, -inf where not), broadcast to (B, H, T, S) and built once a forward, not once a call.
 """
 
 import math
@@ -10,19 +10,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nmt.models.masks import bias
 from nmt.models.scratch.dropout import Dropout
 from nmt.models.scratch.rotary import Rotary
 
 
-def scaled_dot_product_attention(q, k, v, mask, scale: float, dropout: nn.Dropout):
-    """softmax(Q K^T * scale) V, eq. (1): output (B, H, T, Dh) and weights (B, H, T, S)."""
+def scaled_dot_product_attention(q, k, v, bias, scale: float, dropout: nn.Dropout):
+    """softmax(Q K^T * scale + bias) V, eq. (1): output (B, H, T, Dh) and weights (B, H, T, S).
+    bias: -inf at the keys a query may not attend (exp(-inf) = 0), 0 elsewhere; or None."""
     scores = (q * scale) @ k.transpose(-2, -1)  # (B, H, T, S)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0: masked keys get 0
+    if bias is not None:
+        scores = scores + bias
     weights = scores.softmax(dim=-1)
-    if mask is not None:
-        # A query that sees no key at all would be all -inf, softmax NaN; make its row 0.
-        weights = weights.masked_fill(~mask, 0.0)
+    if bias is not None:
+        # A query that sees no key at all is all -inf, its softmax NaN: make its row 0 (other
+        # rows hold no NaN, and 0 already at every masked key).
+        weights = weights.masked_fill(weights.isnan(), 0.0)
     weights = dropout(weights)
     return weights @ v, weights
 
@@ -100,7 +103,11 @@ class MultiHeadAttention(nn.Module):
         return [self.split_heads(t) for t in kv.chunk(2, dim=-1)]
 
     def attend(self, q, k, v, mask, need_weights: bool = False):
-        """Attention of q over (k, v), heads concatenated and projected: (B, T, D), weights."""
+        """Attention of q over (k, v), heads concatenated and projected: (B, T, D), weights.
+        mask: the additive bias the model built once (nmt.models.masks.bias), or a boolean mask
+        (True: attend), made the bias here, or None."""
+        if mask is not None and mask.dtype == torch.bool:
+            mask = bias(mask, q)
         math_path = need_weights or not self.fused
         # Dropping out weights on a CPU, the fused kernel falls back to this same math, but
         # draws nn.Dropout's mask, three times as costly as Dropout's: take the math path.

@@ -36,7 +36,7 @@ class KVCache:
     earlier positions lie, so beam search's reorder moves only that record (beam_attention
     reads a beam's prefix through it)."""
 
-    memory_mask: torch.Tensor  # (B, 1, 1, S) True at real source tokens
+    memory_bias: torch.Tensor  # (B, 1, 1, S) 0 at real source tokens, -inf at padding
     cross_kv: list  # per layer: keys, values of the memory, each (B, H, S, Dh), computed once
     self_kv: list  # per layer: keys, values of the target, each (B, H, capacity, K, Dh)
     slots: torch.Tensor  # (B, K, t) the slot holding beam i's position t
@@ -60,7 +60,7 @@ class KVCache:
         def pick(t):
             return t.index_select(0, sentences)
 
-        self.memory_mask, self.slots, self.real = map(pick, (self.memory_mask, self.slots,
+        self.memory_bias, self.slots, self.real = map(pick, (self.memory_bias, self.slots,
                                                              self.real))
         self.cross_kv = [(pick(k), pick(v)) for k, v in self.cross_kv]
         self.self_kv = [(pick(k), pick(v)) for k, v in self.self_kv]
@@ -127,7 +127,7 @@ class DecoderLayer(nn.Module):
         x = self.residual(x, self.dropout1(by_row(attn.project_out(y))), self.norm1)
         q = self.cross_attn.project_query(self.sublayer_input(x, self.norm2))
         a, _ = self.cross_attn.attend(by_sentence(q, K), *cache.cross_kv[layer],
-                                      cache.memory_mask)
+                                      cache.memory_bias)
         x = self.residual(x, self.dropout2(by_row(a)), self.norm2)
         return self.feed_forward(x)
 
@@ -155,8 +155,9 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x, memory, tgt_mask, memory_mask, need_weights=False):
-        """All positions at once: x (B, T, D), memory (B, S, D), tgt_mask (B, 1, T, T),
-        memory_mask (B, 1, 1, S). Returns (B, T, D) and per-layer self and cross weights."""
+        """All positions at once: x (B, T, D), memory (B, S, D), the biases tgt_mask
+        (B, 1, T, T) and memory_mask (B, 1, 1, S) (nmt.models.masks). Returns (B, T, D) and
+        per-layer self and cross weights."""
         self_w, cross_w = [], []
         for layer in self.layers:
             memory_kv = layer.cross_attn.project_memory(memory)
@@ -165,7 +166,7 @@ class Decoder(nn.Module):
             cross_w.append(wc)
         return self.norm(x), self_w, cross_w
 
-    def init_cache(self, memory: torch.Tensor, memory_mask: torch.Tensor,
+    def init_cache(self, memory: torch.Tensor, memory_bias: torch.Tensor,
                    beams: int = 1) -> KVCache:
         """Project the memory's keys and values once for every layer; room for the target's
         keys and values of `beams` rows a sentence; empty prefix."""
@@ -175,7 +176,7 @@ class Decoder(nn.Module):
         self_kv = [tuple(memory.new_empty(B, H, CAPACITY, beams, Dh) for _ in "kv")
                    for _ in self.layers]
         none = torch.zeros(B, beams, 0, dtype=torch.long, device=memory.device)
-        return KVCache(memory_mask, cross_kv, self_kv, none, none.bool())
+        return KVCache(memory_bias, cross_kv, self_kv, none, none.bool())
 
     def step(self, x: torch.Tensor, cache: KVCache, real: torch.Tensor) -> torch.Tensor:
         """Decode one new position of each row: x (B*K, 1, D), real (B*K,) True where its

@@ -23,7 +23,8 @@ class EncoderLayer(nn.Module):
         self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False):
-        """x: (B, S, D), mask: (B, 1, 1, S); returns x and the attention weights (or None)."""
+        """x: (B, S, D), mask: its bias (B, 1, 1, S) (nmt.models.masks); returns x and the
+        attention weights (or None)."""
         if self.norm_first:
             a, weights = self.self_attn(self.norm1(x), mask, need_weights)
             x = x + self.dropout1(a)

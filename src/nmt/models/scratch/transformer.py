@@ -4,6 +4,7 @@ import torch
 import torch.nn as nn
 
 from nmt.models.config import ModelConfig
+from nmt.models.masks import bias
 from nmt.models.scratch.attention import MultiHeadAttention
 from nmt.models.scratch.decoder import Decoder, KVCache
 from nmt.models.scratch.embedding import Embeddings, PositionalEncoding
@@ -60,23 +61,42 @@ class ScratchTransformer(nn.Module):
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:
         """src (B, S) -> memory (B, S, D)."""
-        memory, _ = self.encoder(self.embed_src(src), padding_mask(src, self.pad_id))
+        memory, _, _ = self.encoded(src)
         return memory
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor):
         """Logits (B, T, V) of every next token; src only masks the memory's padding."""
-        x, _, _ = self.decoder(self.embed_tgt(tgt_in), memory, self.tgt_mask(tgt_in),
-                               padding_mask(src, self.pad_id))
+        x, _, _ = self.decoded(tgt_in, memory, bias(padding_mask(src, self.pad_id), memory))
         return self.generator(x)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
-        return self.decode(tgt_in, self.encode(src), src)
+        memory, src_bias, _ = self.encoded(src)
+        x, _, _ = self.decoded(tgt_in, memory, src_bias)
+        return self.generator(x)
+
+    def encoded(self, src: torch.Tensor, need_weights: bool = False):
+        """Memory (B, S, D); the source's padding as the bias (B, 1, 1, S) that the encoder's
+        and the decoder's attention over it add (nmt.models.masks: built once, for every
+        layer); the encoder's weights (None unless needed)."""
+        x = self.embed_src(src)
+        src_bias = bias(padding_mask(src, self.pad_id), x)
+        memory, weights = self.encoder(x, src_bias, need_weights=need_weights)
+        return memory, src_bias, weights
+
+    def decoded(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_bias: torch.Tensor,
+                need_weights: bool = False):
+        """Final decoder states (B, T, D), and the self- and cross-attention weights of every
+        layer (None unless needed)."""
+        x = self.embed_tgt(tgt_in)
+        return self.decoder(x, memory, bias(self.tgt_mask(tgt_in), x), src_bias,
+                            need_weights=need_weights)
 
     def init_cache(self, memory: torch.Tensor, src: torch.Tensor, beams: int = 1) -> KVCache:
         """Start incremental decoding of `beams` rows a sentence (row b * beams + i: beam i of
         sentence b); the cross-attention keys and values are projected once, for the sentence."""
-        return self.decoder.init_cache(memory, padding_mask(src, self.pad_id), beams)
+        return self.decoder.init_cache(memory, bias(padding_mask(src, self.pad_id), memory),
+                                       beams)
 
     def decode_step(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
         """Feed tokens (B*K,) at the next position; logits (B*K, V) of the token after them."""
@@ -85,10 +105,8 @@ class ScratchTransformer(nn.Module):
 
     def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict:
         """Per-head weights of every layer, lists of (B, H, T_query, T_key), from the math path."""
-        src_mask = padding_mask(src, self.pad_id)
-        memory, enc = self.encoder(self.embed_src(src), src_mask, need_weights=True)
-        _, dec_self, dec_cross = self.decoder(self.embed_tgt(tgt_in), memory,
-                                              self.tgt_mask(tgt_in), src_mask, need_weights=True)
+        memory, src_bias, enc = self.encoded(src, need_weights=True)
+        _, dec_self, dec_cross = self.decoded(tgt_in, memory, src_bias, need_weights=True)
         return {"encoder_self": enc, "decoder_self": dec_self, "decoder_cross": dec_cross}
 
     def set_fused_attention(self, enabled: bool) -> None:
