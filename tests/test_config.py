@@ -69,6 +69,8 @@ def test_repository_params_are_valid():
         ({"model": {"dropout": 1.0}}, "model.dropout: 1.0 is greater than or equal to the max"),
         ({"model": {"num_encoder_layers": 0}}, "model.num_encoder_layers: 0 is less than the"),
         ({"train": {"schedule": "step"}}, "train.schedule: 'step' is not allowed"),
+        ({"train": {"attention_kernels": "cudnn"}},
+         "train.attention_kernels: 'cudnn' is not allowed"),
         # pad_multiple: auto or a multiple from 1 to 64.
         ({"train": {"pad_multiple": 0}}, "train.pad_multiple: 0 is less than the minimum of 1"),
         ({"train": {"pad_multiple": "foo"}}, "train.pad_multiple: 'auto' was expected"),

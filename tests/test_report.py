@@ -435,3 +435,44 @@ def test_the_verdict_over_three_seeds_says_where_the_interval_lies(tmp_path, mir
     outside = verdict["high"] < -0.02 or verdict["low"] > 0.02
     assert (inside, outside) == {"equivalent": (True, False), "different": (False, True),
                                  "undecided": (False, False)}[outcome]
+
+
+def test_attention_kernels_section_routes_and_the_ab_curves(tmp_path, mirror):
+    """Each run's route from train.json; the published_cudnn runs found in results/ (outside
+    pipeline.recipes, as the study trains them) against the published runs, epoch by epoch."""
+    params, paths = fake_tree(tmp_path, mirror, ["published"], ["baseline", "scratch"], [0, 1],
+                              [T16])
+    for model, seed in itertools.product(("baseline", "scratch"), (0, 1)):
+        path = Run("published", model, seed).dir(paths["results"]) / "train.json"
+        write_json(path, json.loads(path.read_text()) | {"attention_kernels": "efficient,math"})
+    planted = {"baseline": [3.9, 3.6, 3.4, 3.2, 3.0, 2.8, 2.6],  # 7 epochs, cuDNN allowed
+               "scratch": [4.0, 3.8, 3.7, 3.6, 3.5, 3.4, 3.3]}
+    for model, losses in planted.items():
+        folder = paths["results"] / f"published_cudnn-{model}-s0"
+        write_text(folder / "history.csv", pd.DataFrame(
+            {"epoch": range(1, 8), "train_loss": losses, "valid_loss": losses}).to_csv(index=False))
+        write_json(folder / "train.json", {"attention_kernels": "any"})
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    text = (paths["reports"] / "report.md").read_text("utf-8")
+    section = text.split("## Attention kernels")[1].split("\n## ")[0]
+    assert ("efficient,math: published-baseline-s0, published-baseline-s1, published-scratch-s0, "
+            "published-scratch-s1.") in section
+    assert "runs: published_cudnn-baseline-s0 (any), published_cudnn-scratch-s0 (any)" in section
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if re.match(r"\| +\d", line)]
+    assert len(rows) == 4  # the published runs' seeds reached 5 and 4 epochs: the common 4
+    for row in rows:
+        epoch = int(row[0])
+        # fake_run's valid_loss: 4 / epoch + 1 (+ 0.4 a model index), the same for each seed
+        for k, (model, gap) in enumerate((("baseline", 0.0), ("scratch", 0.4))):
+            ours, published, difference = (float(x) for x in row[1 + 3 * k: 4 + 3 * k])
+            assert ours == pytest.approx(planted[model][epoch - 1], abs=5e-4)
+            assert published == pytest.approx(4 / epoch + 1 + gap, abs=5e-4)
+            assert difference == pytest.approx(ours - published, abs=1e-3)
+
+
+def test_no_ab_runs_say_so(full):
+    section = full[0].split("## Attention kernels")[1].split("\n## ")[0]
+    assert "not recorded: published-baseline-s0" in section  # fake runs predate the record
+    assert "No A/B runs: results/ holds no `published_cudnn` run" in section

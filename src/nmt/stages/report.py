@@ -538,6 +538,55 @@ def reference_curves(inp: Inputs) -> list[str]:
             "", md_table(frame, text=True), ""]
 
 
+# The A/B of the attention kernels: the published recipe with every kernel allowed, cuDNN's
+# included (train.attention_kernels: any), against the published runs, routed or not.
+KERNELS_AB = ("published_cudnn", "published")
+
+
+def kernels_section(inp: Inputs) -> list[str]:
+    """The attention kernels each run was allowed (train.json's attention_kernels: "any", or
+    the route NMT_ATTENTION_KERNELS set), and, where results/ holds published_cudnn runs
+    (in the pipeline or trained on their own), their validation loss by epoch against the
+    published runs', mean over the seeds each side has."""
+    routes: dict[str, list[str]] = {}
+    for run, r in inp.runs.items():
+        routes.setdefault(r["train"].get("attention_kernels", "not recorded"), []).append(run.name)
+    lines = ["## Attention kernels", "",
+             "The attention kernels each run was allowed to take (`train.json`: "
+             "`attention_kernels`; `any`: every kernel, else the route "
+             "`NMT_ATTENTION_KERNELS` set): " + "; ".join(
+                 f"{route}: {', '.join(names)}" for route, names in routes.items()) + ".", ""]
+    ab, routed = KERNELS_AB
+    table, used = {}, []
+    for model in (BASELINE, "scratch"):
+        folders = sorted(inp.results.glob(f"{ab}-{model}-s*/history.csv"))
+        if not folders or routed not in inp.recipes or model not in inp.models:
+            continue
+        sides = {f"{model}, {ab} (any)": [pd.read_csv(path).valid_loss for path in folders],
+                 f"{model}, {routed}": [inp.runs[Run(routed, model, s)]["history"].valid_loss
+                                       for s in inp.seeds]}
+        for path in folders:
+            kernels = read_json(need(path.parent / "train.json")).get("attention_kernels")
+            used.append(f"{path.parent.name} ({kernels or 'not recorded'})")
+        epochs = min(len(curve) for curves in sides.values() for curve in curves)
+        means = [np.mean([c.to_numpy()[:epochs] for c in curves], axis=0)
+                 for curves in sides.values()]
+        table |= dict(zip(sides, means, strict=True))
+        table[f"{model}, difference"] = means[0] - means[1]
+    if not table:
+        return lines + [f"No A/B runs: results/ holds no `{ab}` run of baseline or scratch "
+                        f"beside the `{routed}` recipe's (they train with every attention kernel "
+                        "allowed, cuDNN's included: docs/results.md, \"The study\").", ""]
+    epochs = min(len(column) for column in table.values())
+    frame = pd.DataFrame({"epoch": range(1, epochs + 1),
+                          **{name: [f"{x:+.3f}" if "difference" in name else f"{x:.3f}"
+                                    for x in column[:epochs]] for name, column in table.items()}})
+    return lines + [f"Validation loss by epoch, mean over each side's seeds: `{ab}` "
+                    f"(every kernel allowed; runs: {', '.join(used)}) against `{routed}` "
+                    f"(seeds {inp.seeds}); difference = {ab} - {routed}.", "",
+                    md_table(frame, text=True), ""]
+
+
 def training_section(inp: Inputs, figures: dict[str, str]) -> list[str]:
     """Loss curves, the other curves of history.csv (lr, gradient norm, speed), each run's
     training speed, and the speed benchmark."""
@@ -776,7 +825,7 @@ def report(settings: dict, paths: Paths) -> None:
         figures = draw_figures(inp, folder)
     lines = (head_section(inp) + results_section(inp) + statistics_section(inp)
              + search_section(inp) + ablation_section(inp) + reference_section(inp)
-             + training_section(inp, figures)
+             + kernels_section(inp) + training_section(inp, figures)
              + verification_section(inp) + samples_section(inp)
              + attention_section(inp, figures) + setup_section(inp) + data_bench_section(inp)
              + decoding_section(inp))
