@@ -476,3 +476,25 @@ def test_no_ab_runs_say_so(full):
     section = full[0].split("## Attention kernels")[1].split("\n## ")[0]
     assert "not recorded: published-baseline-s0" in section  # fake runs predate the record
     assert "No A/B runs: results/ holds no `published_cudnn` run" in section
+
+
+def test_the_recipes_that_take_a_departure_back_sit_beside_the_reference(tmp_path, mirror):
+    """published_faithful (random batches, fp32) in the pipeline: its validation curve, the
+    mean over seeds, between ours and the published runs'."""
+    params, paths = fake_tree(tmp_path, mirror, ["published", "published_faithful"],
+                              ["baseline", "scratch"], [0, 1], [T16])
+    for seed in (0, 1):  # the faithful scratch runs' curves, planted per seed
+        path = Run("published_faithful", "scratch", seed).dir(paths["results"]) / "history.csv"
+        history = pd.read_csv(path)
+        history["valid_loss"] = [3.7 + 0.2 * seed - 0.1 * e for e in range(len(history))]
+        write_text(path, history.to_csv(index=False))
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    text = re.sub(" +", " ", (paths["reports"] / "report.md").read_text("utf-8"))
+    assert ("| epoch | baseline (ours) | baseline (random batches, fp32) | baseline (published) "
+            "| scratch (ours) | scratch (random batches, fp32) | scratch (published) |") in text
+    # seed 0 reached 5 epochs, seed 1 four: the mean over the common four
+    assert "| 1 | 5.000 | 5.000 | 3.80 | 5.400 | 3.800 | 3.84 |" in text
+    assert "| 4 | 2.000 | 2.000 | 3.11 | 2.400 | 3.500 | 3.15 |" in text
+    assert "| 5 |" not in text.split("beside the published runs'")[1].split("##")[0]
+    assert "ours (mean of seeds [0, 1]) beside the published runs'" in text
