@@ -47,13 +47,52 @@ def test_a_setting_without_math_or_with_an_unknown_name_is_one_line(monkeypatch,
         limit_attention_kernels()
 
 
-def test_a_run_records_the_kernels_it_was_allowed(prepared, tmp_path, monkeypatch):
+def test_any_allows_every_kernel_whatever_the_environment_says(monkeypatch):
+    """train.attention_kernels: any, the A/B runs' setting (recipe published_cudnn)."""
+    monkeypatch.setenv(ATTENTION_KERNELS_ENV, "efficient,math")
+    assert limit_attention_kernels("route") == "efficient,math"  # cudnn and flash off now
+    assert limit_attention_kernels("any") == "any"
+    assert all(enabled() for enabled in SWITCHES.values())
+
+
+def test_an_unknown_setting_is_one_line():
+    with pytest.raises(NmtError, match="train.attention_kernels: 'cudnn' is neither route nor "
+                       "any \\(fix:"):
+        limit_attention_kernels("cudnn")
+
+
+def test_a_checkpoint_trained_before_the_setting_reads_as_route():
+    """A best.pt whose train: section predates train.attention_kernels is of a routed run: no
+    difference against route, one against any."""
+    from dataclasses import asdict
+
+    from conftest import REPO
+    from nmt.core.checkpoint import setting_differences
+    from nmt.models import ModelConfig
+    from nmt.pipeline.params import load_params
+    from nmt.pipeline.recipes import resolve
+
+    settings = resolve(load_params(REPO / "params.yaml"), "published")
+    older = {k: v for k, v in settings["train"].items() if k != "attention_kernels"}
+    ckpt = {"model_config": asdict(ModelConfig.from_dict(settings["model"])),
+            "params": {"train": older}}
+    assert settings["train"]["attention_kernels"] == "route"
+    assert setting_differences(ckpt, settings) == []
+    settings["train"]["attention_kernels"] = "any"
+    assert setting_differences(ckpt, settings) == [
+        "train.attention_kernels (trained route, now any)"]
+
+
+@pytest.mark.parametrize("setting, env, recorded", [("route", "efficient,math", "efficient,math"),
+                                                    ("any", "efficient,math", "any")])
+def test_a_run_records_the_kernels_it_was_allowed(prepared, tmp_path, monkeypatch, setting, env,
+                                                  recorded):
     from nmt.core.runs import Run
     from nmt.training.loop import train
     from train_helpers import tiny_data, tiny_params, train_paths
 
     data = tiny_data(prepared, tmp_path / "data", train=64, val=32)
-    monkeypatch.setenv(ATTENTION_KERNELS_ENV, "efficient,math")
-    summary = train(tiny_params(epochs=1),
+    monkeypatch.setenv(ATTENTION_KERNELS_ENV, env)
+    summary = train(tiny_params(epochs=1, attention_kernels=setting),
                     train_paths(data, tmp_path / "results", Run("published", "scratch", 0)))
-    assert summary["attention_kernels"] == "efficient,math"
+    assert summary["attention_kernels"] == recorded

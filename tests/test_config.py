@@ -69,6 +69,8 @@ def test_repository_params_are_valid():
         ({"model": {"dropout": 1.0}}, "model.dropout: 1.0 is greater than or equal to the max"),
         ({"model": {"num_encoder_layers": 0}}, "model.num_encoder_layers: 0 is less than the"),
         ({"train": {"schedule": "step"}}, "train.schedule: 'step' is not allowed"),
+        ({"train": {"attention_kernels": "cudnn"}},
+         "train.attention_kernels: 'cudnn' is not allowed"),
         # pad_multiple: auto or a multiple from 1 to 64.
         ({"train": {"pad_multiple": 0}}, "train.pad_multiple: 0 is less than the minimum of 1"),
         ({"train": {"pad_multiple": "foo"}}, "train.pad_multiple: 'auto' was expected"),
@@ -389,3 +391,23 @@ def test_nmt_keeps_freed_memory_for_the_next_step():
             pytest.skip("the C library is not glibc: it has no mallopt")
         faults[how] = int(out[1])  # of the last 10 allocations
     assert faults["default"] >= 10 * 16384 and faults["kept"] <= 100, faults
+
+
+def test_the_study_recipes_differ_from_published_only_where_they_say():
+    """published_cudnn (the attention kernels' A/B), published_random and published_faithful
+    (the departures from the reference, docs/results.md) each change only their own keys."""
+    params = load_params(REPO / "params.yaml")
+    published = resolve(params, "published")
+
+    def changed(recipe: str) -> dict:
+        resolved = resolve(params, recipe)
+        return {f"{section}.{key}": value for section in published
+                for key, value in (resolved[section].items()
+                                   if isinstance(resolved[section], dict) else [])
+                if value != published[section][key]}
+
+    assert changed("published_cudnn") == {"train.attention_kernels": "any", "train.epochs": 7}
+    assert changed("published_random") == {"train.bucket": False}
+    assert changed("published_faithful") == {"train.bucket": False, "train.precision": "fp32"}
+    assert published["train"]["bucket"] is True and published["train"]["attention_kernels"] == (
+        "route")

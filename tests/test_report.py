@@ -195,15 +195,34 @@ def test_every_recipe_table_ends_with_its_verdicts(full):
     published = text[text.index("### recipe `published`"):text.index("### recipe `tuned`")]
     for system in ("scratch", "decoder_only"):
         for testset in (T16, T17):
-            assert f"- {testset} (bootstrap): {system} - baseline: " in published
-            assert f"- {testset} (seeds): {system} - baseline: " in published
+            for seed in (0, 1):  # every seed's pair, not only the first seed's
+                for metric in ("BLEU", "test loss"):
+                    assert re.search(rf"- {testset} \(bootstrap, seed {seed}\): {system} - "
+                                     rf"baseline: [+-][\d.]+ {metric} ", published)
+            for metric in ("BLEU", "test loss"):  # Welch over seeds on both
+                assert re.search(rf"- {testset} \(seeds\): {system} - baseline: [+-][\d.]+ "
+                                 rf"{metric} ", published)
     # decoder_only drops 60% of the words against the baseline's 25%: clearly worse.
     worse = [line for line in published.splitlines()
-             if "(bootstrap): decoder_only - baseline:" in line and " BLEU " in line]
-    assert len(worse) == 2 and all("baseline is better" in line for line in worse)
-    stats_rows = json.loads((paths["reports"] / "statistics.json").read_text())
+             if "(bootstrap, seed" in line and ": decoder_only - baseline:" in line
+             and " BLEU " in line]
+    assert len(worse) == 4 and all("baseline is better" in line for line in worse)
+    stats_rows = json.loads((paths["reports"] / "statistics.json").read_text())["comparisons"]
     assert {(r["metric"], r["system"]) for r in stats_rows} >= {
         ("BLEU", "scratch"), ("chrF", "decoder_only"), ("test loss", "scratch")}
+    # Each seed's pair has its own bootstraps, each computed on that seed's files.
+    loss = {(r["recipe"], r["system"], r["testset"], r["seed"]): r for r in stats_rows
+            if r["metric"] == "test loss"}
+    assert {s for (*_, s) in loss} == {0, 1, None}
+    for seed in (0, 1):
+        got = loss["tuned", "scratch", T17, seed]
+        want = [json.loads((Run("tuned", m, seed).dir(paths["results"]) / "metrics.json")
+                           .read_text())[T17]["loss"] for m in ("scratch", "baseline")]
+        assert (got["system_score"], got["baseline_score"]) == pytest.approx(want)
+        assert got["method"].startswith("paired bootstrap")
+    welch = loss["tuned", "scratch", T17, None]
+    assert welch["method"].startswith("Welch") and welch["system_score"] == pytest.approx(
+        np.mean([loss["tuned", "scratch", T17, s]["system_score"] for s in (0, 1)]))
     assert "## Statistics" in text and "bs:1000|seed:12345" in text
     assert "sacreBLEU signatures: BLEU `nrefs:1|case:mixed" in text
 
@@ -267,8 +286,17 @@ def test_one_test_set_two_models(tmp_path, mirror):
     text, _, paths = make_report(tmp_path, mirror, ["tuned"], ["baseline", "decoder_only"],
                                  [0], [T17])
     assert T16 not in text
-    assert f"- {T17} (bootstrap): decoder_only - baseline: " in text
+    assert f"- {T17} (bootstrap, seed 0): decoder_only - baseline: " in text
     assert "(seeds)" not in text  # one seed: no seed test
+    # The recipe's answer says plainly that one seed leaves training noise unmeasured.
+    tuned = text[text.index("### recipe `tuned`"):]
+    assert tuned.index("**decoder_only vs baseline, test loss on test_2017_flickr:** One seed "
+                       "(0), so training noise is unmeasured and only the paired bootstrap over "
+                       "test sentences speaks: decoder_only's test loss is ") < tuned.index("|")
+    assert "needs two or more seeds a side." in tuned
+    verdicts = json.loads((paths["reports"] / "statistics.json").read_text())["verdicts"]
+    assert [(v["recipe"], v["system"], v["outcome"], v["seeds"]) for v in verdicts] == [
+        ("tuned", "decoder_only", "one seed", 1)]
     assert "no from-scratch vs torch.nn.Transformer comparison" in text
     assert f"## Sample translations ({T17}" in text
     assert "± - (1)" in text
@@ -359,3 +387,114 @@ def test_a_missing_run_file_is_one_clear_error(tmp_path, mirror):
         rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
                   paths["reports"]))
     assert not (paths["reports"] / "report.md").exists()  # nothing half-written
+
+
+# Test losses planted in three seeds' metrics.json: (scratch, baseline), and where the 95%
+# Welch interval of their difference lies against the goal, scratch - baseline within 0.02.
+PLANTED = {
+    # -0.005, CI about -0.010 .. -0.000: inside ±0.02
+    "equivalent": ([1.900, 1.902, 1.898], [1.905, 1.903, 1.907]),
+    # -0.041, CI about -0.046 .. -0.037: wholly below -0.02
+    "different": ([1.880, 1.882, 1.878], [1.921, 1.923, 1.919]),
+    # -0.023, CI about -0.036 .. -0.010: across -0.02
+    "undecided": ([1.898, 1.894, 1.902], [1.921, 1.927, 1.915]),
+}
+
+
+@pytest.mark.parametrize("outcome", list(PLANTED))
+def test_the_verdict_over_three_seeds_says_where_the_interval_lies(tmp_path, mirror, outcome):
+    params, paths = fake_tree(tmp_path, mirror, ["published"], ["baseline", "scratch"],
+                              [0, 1, 2], [T16])
+    for model, losses in zip(("scratch", "baseline"), PLANTED[outcome], strict=True):
+        for seed, loss in enumerate(losses):
+            path = Run("published", model, seed).dir(paths["results"]) / "metrics.json"
+            metrics = json.loads(path.read_text())
+            metrics[T16]["loss"] = loss
+            write_json(path, metrics)
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    text = (paths["reports"] / "report.md").read_text("utf-8")
+    scratch, baseline = (np.array(x) for x in PLANTED[outcome])
+    words = {"equivalent": "the interval lies within ±0.02: equivalent within 0.02.",
+             "different": "the interval lies outside ±0.02: different by more than 0.02.",
+             "undecided": "the interval straddles ±0.02: undecided at 0.02."}[outcome]
+    published = text[text.index("### recipe `published`"):]
+    sentence = published.splitlines()[2]  # first under the heading, above the table
+    assert sentence.startswith(f"**scratch vs baseline, test loss on {T16}:** Over 3 seeds, "
+                               f"scratch's test loss is {scratch.mean():.3f} ± "
+                               f"{scratch.std(ddof=1):.3f} against baseline's "
+                               f"{baseline.mean():.3f} ± {baseline.std(ddof=1):.3f} "
+                               f"(difference {scratch.mean() - baseline.mean():+.3f}, 95% CI ")
+    assert sentence.endswith(words), sentence
+    better = "scratch is better" if outcome != "equivalent" else ""
+    assert better in sentence
+    verdict = json.loads((paths["reports"] / "statistics.json").read_text())["verdicts"][0]
+    assert (verdict["outcome"], verdict["seeds"], verdict["margin"]) == (outcome, 3, 0.02)
+    assert verdict["basis"].startswith("Welch") and verdict["sentence"] in sentence
+    inside = -0.02 <= verdict["low"] and verdict["high"] <= 0.02
+    outside = verdict["high"] < -0.02 or verdict["low"] > 0.02
+    assert (inside, outside) == {"equivalent": (True, False), "different": (False, True),
+                                 "undecided": (False, False)}[outcome]
+
+
+def test_attention_kernels_section_routes_and_the_ab_curves(tmp_path, mirror):
+    """Each run's route from train.json; the published_cudnn runs found in results/ (outside
+    pipeline.recipes, as the study trains them) against the published runs, epoch by epoch."""
+    params, paths = fake_tree(tmp_path, mirror, ["published"], ["baseline", "scratch"], [0, 1],
+                              [T16])
+    for model, seed in itertools.product(("baseline", "scratch"), (0, 1)):
+        path = Run("published", model, seed).dir(paths["results"]) / "train.json"
+        write_json(path, json.loads(path.read_text()) | {"attention_kernels": "efficient,math"})
+    planted = {"baseline": [3.9, 3.6, 3.4, 3.2, 3.0, 2.8, 2.6],  # 7 epochs, cuDNN allowed
+               "scratch": [4.0, 3.8, 3.7, 3.6, 3.5, 3.4, 3.3]}
+    for model, losses in planted.items():
+        folder = paths["results"] / f"published_cudnn-{model}-s0"
+        write_text(folder / "history.csv", pd.DataFrame(
+            {"epoch": range(1, 8), "train_loss": losses, "valid_loss": losses}).to_csv(index=False))
+        write_json(folder / "train.json", {"attention_kernels": "any"})
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    text = (paths["reports"] / "report.md").read_text("utf-8")
+    section = text.split("## Attention kernels")[1].split("\n## ")[0]
+    assert ("efficient,math: published-baseline-s0, published-baseline-s1, published-scratch-s0, "
+            "published-scratch-s1.") in section
+    assert "runs: published_cudnn-baseline-s0 (any), published_cudnn-scratch-s0 (any)" in section
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if re.match(r"\| +\d", line)]
+    assert len(rows) == 4  # the published runs' seeds reached 5 and 4 epochs: the common 4
+    for row in rows:
+        epoch = int(row[0])
+        # fake_run's valid_loss: 4 / epoch + 1 (+ 0.4 a model index), the same for each seed
+        for k, (model, gap) in enumerate((("baseline", 0.0), ("scratch", 0.4))):
+            ours, published, difference = (float(x) for x in row[1 + 3 * k: 4 + 3 * k])
+            assert ours == pytest.approx(planted[model][epoch - 1], abs=5e-4)
+            assert published == pytest.approx(4 / epoch + 1 + gap, abs=5e-4)
+            assert difference == pytest.approx(ours - published, abs=1e-3)
+
+
+def test_no_ab_runs_say_so(full):
+    section = full[0].split("## Attention kernels")[1].split("\n## ")[0]
+    assert "not recorded: published-baseline-s0" in section  # fake runs predate the record
+    assert "No A/B runs: results/ holds no `published_cudnn` run" in section
+
+
+def test_the_recipes_that_take_a_departure_back_sit_beside_the_reference(tmp_path, mirror):
+    """published_faithful (random batches, fp32) in the pipeline: its validation curve, the
+    mean over seeds, between ours and the published runs'."""
+    params, paths = fake_tree(tmp_path, mirror, ["published", "published_faithful"],
+                              ["baseline", "scratch"], [0, 1], [T16])
+    for seed in (0, 1):  # the faithful scratch runs' curves, planted per seed
+        path = Run("published_faithful", "scratch", seed).dir(paths["results"]) / "history.csv"
+        history = pd.read_csv(path)
+        history["valid_loss"] = [3.7 + 0.2 * seed - 0.1 * e for e in range(len(history))]
+        write_text(path, history.to_csv(index=False))
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    text = re.sub(" +", " ", (paths["reports"] / "report.md").read_text("utf-8"))
+    assert ("| epoch | baseline (ours) | baseline (random batches, fp32) | baseline (published) "
+            "| scratch (ours) | scratch (random batches, fp32) | scratch (published) |") in text
+    # seed 0 reached 5 epochs, seed 1 four: the mean over the common four
+    assert "| 1 | 5.000 | 5.000 | 3.80 | 5.400 | 3.800 | 3.84 |" in text
+    assert "| 4 | 2.000 | 2.000 | 3.11 | 2.400 | 3.500 | 3.15 |" in text
+    assert "| 5 |" not in text.split("beside the published runs'")[1].split("##")[0]
+    assert "ours (mean of seeds [0, 1]) beside the published runs'" in text

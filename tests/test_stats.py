@@ -239,3 +239,13 @@ def test_verdict_lines_read_as_specified():
     assert stats.verdict(loss, digits=3) == (
         "decoder_only - baseline: +0.100 test loss (95% CI +0.050 .. +0.150, p < 0.001): "
         "baseline is better (significant at 0.05)")
+
+
+@pytest.mark.parametrize("low, high, outcome", [
+    (-0.02, 0.02, "equivalent"), (-0.019, -0.001, "equivalent"),  # the edges count as inside
+    (-0.05, -0.021, "different"), (0.021, 0.03, "different"),
+    (-0.03, -0.01, "undecided"), (-0.03, 0.03, "undecided")])
+def test_margin_outcome_places_the_interval_against_the_goal(low, high, outcome):
+    c = stats.Comparison("test loss", "scratch", "baseline", 1.9, 1.9, (low + high) / 2, low,
+                         high, 0.5, "hand", higher_is_better=False, kind="seeds")
+    assert stats.margin_outcome(c, 0.02) == outcome

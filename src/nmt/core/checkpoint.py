@@ -123,6 +123,8 @@ def check_run(path: Path, ckpt: dict, expect: Run) -> None:
 # state, not what it learnt (precision, like compile and CUDA graphs, moves rounding only;
 # evaluate may score a model in another precision to measure exactly that).
 PLACEMENT = ("device", "precision", "compile", "cuda_graphs", "save_every_minutes")
+# train: keys added after runs were trained, with what those runs did: they read the value here.
+TRAIN_BEFORE_KEYS = {"attention_kernels": "route"}  # NMT_ATTENTION_KERNELS, as route reads it
 
 
 def setting_differences(ckpt: dict, settings: dict) -> list[str]:
@@ -134,7 +136,7 @@ def setting_differences(ckpt: dict, settings: dict) -> list[str]:
     trained = {"model": ckpt["model_config"]}
     if isinstance(ckpt["params"].get("train"), dict):
         now["train"] = {k: v for k, v in settings["train"].items() if k not in PLACEMENT}
-        trained["train"] = {k: v for k, v in ckpt["params"]["train"].items()
+        trained["train"] = {k: v for k, v in (TRAIN_BEFORE_KEYS | ckpt["params"]["train"]).items()
                             if k not in PLACEMENT}
     out = []
     for section, values in now.items():

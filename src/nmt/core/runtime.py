@@ -69,10 +69,21 @@ def bound_gpu_memory(device: torch.device) -> None:
              device, total // 10**6)
 
 
-def limit_attention_kernels() -> str:
+def limit_attention_kernels(setting: str = "route") -> str:
     """Allow only the attention kernels NMT_ATTENTION_KERNELS names (torch.backends.cuda's
     switches, which F.scaled_dot_product_attention reads on every call); returns the setting
-    in force ("any" when unset)."""
+    in force ("any" when unset). `setting` is train.attention_kernels: `route` (the default)
+    reads the environment so; `any` allows every kernel, cuDNN's included, whatever the
+    environment says (the A/B runs against the route, recipe published_cudnn)."""
+    if setting == "any":
+        for switch in KERNEL_SWITCHES.values():
+            switch(True)
+        log.info("attention kernels: any (train.attention_kernels: any; %s not read)",
+                 ATTENTION_KERNELS_ENV)
+        return "any"
+    if setting != "route":
+        raise NmtError(f"train.attention_kernels: {setting!r} is neither route nor any (fix: "
+                       "route, the kernels NMT_ATTENTION_KERNELS allows, or any)")
     value = os.environ.get(ATTENTION_KERNELS_ENV, "").strip()
     if not value:
         return "any"

@@ -6,9 +6,11 @@ Three questions, three tools:
 - Is one trained model better than another on this test set? A paired bootstrap over test
   sentences: sacreBLEU's own implementation for BLEU and chrF (`paired_bootstrap`), the same
   resampling for the per-token test loss (`loss_bootstrap`). It runs on one pair of trained
-  models (the report uses each run's first seed), so it measures test-set sampling only.
+  models (the report runs it on each seed's pair), so it measures test-set sampling only.
 - Do the two architectures train to different quality? With several seeds a side, a Welch
   t-test on the seed scores (`welch`); it sees training noise that the bootstrap cannot.
+  `loss_verdict` says it in one sentence, and whether the difference's interval lies within
+  a margin (`LOSS_MARGIN`, the goal: equivalent), outside it (different) or across an edge.
 
 Everything here is torch-free: numpy, math and sacreBLEU.
 """
@@ -31,6 +33,9 @@ N_SAMPLES = 1000  # bootstrap resamples, sacreBLEU's default for its paired boot
 SEED = 12345      # sacreBLEU's default SACREBLEU_SEED; it treats 0 as "no seed", so never 0
 ALPHA = 0.05
 KINDS = ("bootstrap", "seeds")  # Comparison.kind: paired bootstrap, or Welch over seeds
+# The goal the comparison is held to: scratch - baseline test loss within 0.02 nats a token,
+# as a mean over seeds, with its 95% interval (loss_verdict).
+LOSS_MARGIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ class Comparison:
     # What was resampled: "bootstrap" (test sentences of one pair of trained models) or
     # "seeds" (the training seeds, Welch). Keyword only; set where the comparison is made.
     kind: str = field(kw_only=True)
+    seed: int | None = field(default=None, kw_only=True)  # a bootstrap's pair: their seed
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -300,3 +306,55 @@ def verdict(c: Comparison, alpha: float = ALPHA, digits: int = 2) -> str:
     return (f"{c.system} - {c.baseline}: {c.difference:+.{digits}f} {c.metric} (95% CI "
             f"{c.low:+.{digits}f} .. {c.high:+.{digits}f}, p {'' if '<' in p else '= '}{p}): "
             f"{meaning}")
+
+
+def margin_outcome(c: Comparison, margin: float = LOSS_MARGIN) -> str:
+    """Where the difference's 95% interval lies against [-margin, +margin]: "equivalent"
+    (inside), "different" (wholly outside) or "undecided" (across an edge)."""
+    if -margin <= c.low and c.high <= margin:
+        return "equivalent"
+    if c.high < -margin or c.low > margin:
+        return "different"
+    return "undecided"
+
+
+WHERE = {"equivalent": "lies within", "different": "lies outside", "undecided": "straddles"}
+MEANING = {"equivalent": "equivalent within", "different": "different by more than",
+           "undecided": "undecided at"}
+
+
+def loss_verdict(seed_test: Comparison | None, first_bootstrap: Comparison,
+                 system: Summary, baseline: Summary, margin: float = LOSS_MARGIN,
+                 alpha: float = ALPHA) -> dict:
+    """The test-loss verdict of system - baseline in one sentence, and where its interval
+    lies against ±margin. With a Welch test over seeds (seed_test) it speaks for the
+    architectures; without one (one seed a side) only the first seed's paired bootstrap over
+    test sentences speaks, the sentence says that training noise is unmeasured, and the
+    outcome is "one seed": an interval of test sentences alone cannot meet the goal."""
+    c = seed_test or first_bootstrap
+    better = c.system if c.difference < 0 else c.baseline  # lower loss is better
+    p = format_p(c.p)
+    p = p if "<" in p else f"= {p}"
+    interval = margin_outcome(c, margin)
+    where = f"the interval {WHERE[interval]} ±{margin:g}"
+    figures = (f"(difference {c.difference:+.3f}, 95% CI {c.low:+.3f} .. {c.high:+.3f}, "
+               f"{'Welch ' if seed_test else ''}p {p})")
+    if seed_test is not None:
+        judged = f"{better} is better" if c.p < alpha else "no significant difference"
+        sentence = (f"Over {system.n} seeds, {c.system}'s test loss is {system.mean:.3f} ± "
+                    f"{system.std:.3f} against {c.baseline}'s {baseline.mean:.3f} ± "
+                    f"{baseline.std:.3f} {figures}: {judged}; {where}: "
+                    f"{MEANING[interval]} {margin:g}.")
+        outcome = interval
+    else:
+        judged = (f"{better} is better" if c.p < alpha else "no significant difference")
+        sentence = (f"One seed ({c.seed}), so training noise is unmeasured and only the paired "
+                    f"bootstrap over test sentences speaks: {c.system}'s test loss is "
+                    f"{c.system_score:.3f} against {c.baseline}'s {c.baseline_score:.3f} "
+                    f"{figures}: {judged} on these sentences; {where}, but whether the "
+                    f"architectures are within {margin:g} needs two or more seeds a side.")
+        outcome = "one seed"
+    return {"system": c.system, "baseline": c.baseline, "metric": c.metric, "basis": c.method,
+            "seeds": system.n, "margin": margin, "interval": interval, "outcome": outcome,
+            "difference": c.difference, "low": c.low, "high": c.high, "p": c.p,
+            "sentence": sentence}

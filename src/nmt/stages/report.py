@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import matplotlib
@@ -60,6 +60,7 @@ class Inputs:
     summary: pd.DataFrame  # one row per (recipe, model, testset): seed means, stds and n
     runs: dict             # Run -> {"train", "evaluation", "history"}
     comparisons: dict      # (recipe, system, testset) -> [stats.Comparison] vs the baseline
+    verdicts: dict         # (recipe, system) -> stats.loss_verdict on the first test set
 
     @property
     def recipes(self) -> list[str]:
@@ -143,18 +144,24 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     return df.drop(columns=["params_std", "seconds_per_epoch_std", "train_minutes_std"])
 
 
-def compare(inp: Inputs, recipe: str, system: str, testset: str) -> list[stats.Comparison]:
-    """system vs baseline on one test set: bootstraps on the first seed's outputs, and a
-    Welch test over the seeds where each side has two or more."""
-    names = (system, BASELINE)
-    tgt = inp.langs[1]
-    refs = read_lines(need(inp.tokenized / f"{testset}.{tgt}.txt"))
-    out = [read_lines(need(inp.run_files(recipe, m).translations / f"{testset}.beam.txt"))
+def seed_bootstraps(inp: Inputs, recipe: str, names: tuple[str, str], testset: str,
+                    seed: int) -> list[stats.Comparison]:
+    """The paired bootstraps (BLEU, chrF, test loss) of one seed's pair of runs."""
+    refs = read_lines(need(inp.tokenized / f"{testset}.{inp.langs[1]}.txt"))
+    out = [read_lines(need(inp.run_files(recipe, m, seed).translations / f"{testset}.beam.txt"))
            for m in names]
     found = list(stats.paired_bootstrap(out[0], out[1], refs, names).values())
-    losses = [read_losses(inp.run_files(recipe, m).translations / f"{testset}.loss.tsv")
+    losses = [read_losses(inp.run_files(recipe, m, seed).translations / f"{testset}.loss.tsv")
               for m in names]
     found.append(stats.loss_bootstrap(losses[0], losses[1], names))
+    return [replace(c, seed=seed) for c in found]
+
+
+def compare(inp: Inputs, recipe: str, system: str, testset: str) -> list[stats.Comparison]:
+    """system vs baseline on one test set: the bootstraps of each seed's pair, and a Welch
+    test over the seeds where each side has two or more."""
+    names = (system, BASELINE)
+    found = [c for seed in inp.seeds for c in seed_bootstraps(inp, recipe, names, testset, seed)]
     t = inp.table[(inp.table.recipe == recipe) & (inp.table.testset == testset)]
     for metric, higher in (("bleu", True), ("chrf", True), ("loss", False)):
         c = stats.welch(t[t.model == system][metric].tolist(),
@@ -166,12 +173,26 @@ def compare(inp: Inputs, recipe: str, system: str, testset: str) -> list[stats.C
 def load(params: dict, tokenized: Path, vocab_root: Path, results: Path) -> Inputs:
     table, runs = collect(params, Path(results))
     inp = Inputs(params, Path(tokenized), Path(vocab_root), Path(results), table,
-                 summarize(table), runs, {})
+                 summarize(table), runs, {}, {})
     for recipe in inp.recipes:
         for system in challengers(inp.models):
             for testset in inp.testsets:
                 inp.comparisons[recipe, system, testset] = compare(inp, recipe, system, testset)
+            inp.verdicts[recipe, system] = verdict_of(inp, recipe, system)
     return inp
+
+
+def verdict_of(inp: Inputs, recipe: str, system: str) -> dict:
+    """stats.loss_verdict of system - baseline on the first test set: from the Welch test
+    over seeds where it ran, else from the first seed's loss bootstrap."""
+    testset = inp.testsets[0]
+    found = inp.comparisons[recipe, system, testset]
+    loss = {(c.kind, c.seed): c for c in found if c.metric == LABELS["loss"]}
+    t = inp.table[(inp.table.recipe == recipe) & (inp.table.testset == testset)]
+    return {"recipe": recipe, "testset": testset} | stats.loss_verdict(
+        loss.get(("seeds", None)), loss["bootstrap", inp.seeds[0]],
+        stats.summarize(t[t.model == system].loss.tolist()),
+        stats.summarize(t[t.model == BASELINE].loss.tolist()))
 
 
 # --- figures ---------------------------------------------------------------------------------
@@ -290,9 +311,9 @@ def head_section(inp: Inputs) -> list[str]:
     if "scratch" in inp.models and BASELINE in inp.models:
         s, b = inp.cell(recipe, "scratch", testset), inp.cell(recipe, BASELINE, testset)
         # Several seeds: the test over seeds (training noise included); else the bootstrap.
-        bleu = {c.kind: c for c in inp.comparisons[recipe, "scratch", testset]
+        bleu = {(c.kind, c.seed): c for c in inp.comparisons[recipe, "scratch", testset]
                 if c.metric == "BLEU"}
-        test = bleu.get("seeds") or bleu["bootstrap"]
+        test = bleu.get(("seeds", None)) or bleu["bootstrap", inp.seeds[0]]
         how = ("Welch t-test over the seeds" if test.kind == "seeds"
                else f"paired bootstrap of seed {inp.seeds[0]}'s outputs")
         first = (f"On {testset} with the `{recipe}` recipe ({means}), the from-scratch "
@@ -316,14 +337,21 @@ def head_section(inp: Inputs) -> list[str]:
 
 
 def verdict_lines(inp: Inputs, recipe: str) -> list[str]:
-    """The bootstrap verdicts on BLEU and test loss, and the seed test of BLEU where it ran."""
-    shown_here = {("BLEU", "bootstrap"), ("test loss", "bootstrap"), ("BLEU", "seeds")}
-    lines = [f"- {testset} ({c.kind}): "
+    """The seed tests and each seed's bootstrap verdicts, on BLEU and test loss."""
+    shown_here = {"BLEU", "test loss"}
+    lines = [f"- {testset} ({'seeds' if c.seed is None else f'bootstrap, seed {c.seed}'}): "
              f"{stats.verdict(c, digits=4 if c.metric == 'test loss' else 2)}"
              for system in challengers(inp.models) for testset in inp.testsets
-             for c in inp.comparisons[recipe, system, testset]
-             if (c.metric, c.kind) in shown_here]
+             for c in sorted(inp.comparisons[recipe, system, testset],
+                             key=lambda c: c.seed is not None)  # the seed test first
+             if c.metric in shown_here]
     return lines + [""] if lines else []
+
+
+def verdict_sentences(inp: Inputs, recipe: str) -> list[str]:
+    """The recipe's answer first: each challenger's test-loss verdict (stats.loss_verdict)."""
+    return [f"**{system} vs {BASELINE}, test loss on {v['testset']}:** {v['sentence']}\n"
+            for (r, system), v in inp.verdicts.items() if r == recipe]
 
 
 def results_section(inp: Inputs) -> list[str]:
@@ -340,7 +368,8 @@ def results_section(inp: Inputs) -> list[str]:
             rows.append({"model": r.model, "testset": r.testset, **cells,
                          "params": f"{int(r.params):,}", "s/epoch": f"{r.seconds_per_epoch:.1f}",
                          "train min": f"{r.train_minutes:.1f}"})
-        lines += [f"### recipe `{recipe}`", "", md_table(pd.DataFrame(rows), text=True), ""]
+        lines += [f"### recipe `{recipe}`", "", *verdict_sentences(inp, recipe),
+                  md_table(pd.DataFrame(rows), text=True), ""]
         lines += verdict_lines(inp, recipe)
     lines += ["`test loss` is the per-token cross-entropy on the test set, `ppl` its "
               "exponential; `BLEU` is beam search, `BLEU greedy` greedy decoding, both "
@@ -377,7 +406,8 @@ def statistics_section(inp: Inputs) -> list[str]:
         return []
     digits = {"test loss": 4}
     rows = [{"recipe": recipe, "testset": testset, "comparison": f"{c.system} - {c.baseline}",
-             "metric": c.metric, "difference": f"{c.difference:+.{digits.get(c.metric, 2)}f}",
+             "seed": "all" if c.seed is None else c.seed, "metric": c.metric,
+             "difference": f"{c.difference:+.{digits.get(c.metric, 2)}f}",
              "95% CI": f"{c.low:+.{digits.get(c.metric, 2)}f} .. "
                        f"{c.high:+.{digits.get(c.metric, 2)}f}",
              "p": stats.format_p(c.p), "method": c.method}
@@ -386,7 +416,7 @@ def statistics_section(inp: Inputs) -> list[str]:
                   if c.signature}
     lines = ["## Statistics", "", md_table(pd.DataFrame(rows), text=True), "",
              f"Significance level {stats.ALPHA}. The paired bootstraps resample test sentences "
-             f"of one pair of trained models, the first seed's ({inp.seeds[0]}): they measure "
+             "of one pair of trained models, each seed's pair on its own (`seed`): they measure "
              "how much the test set's sample of sentences moves the difference, not training "
              "noise. BLEU and chrF use sacreBLEU's own paired bootstrap (its p-value); the "
              "95% interval of the difference comes from the same resamples. The test loss is "
@@ -489,23 +519,86 @@ def reference_section(inp: Inputs) -> list[str]:
                     "are expected.", ""] + reference_curves(inp)
 
 
+# The published recipe, and those that take one of its departures from the reference back
+# (docs/results.md, "Our published curve against the reference's").
+REFERENCE_RECIPES = {"published": "ours", "published_random": "random batches",
+                     "published_faithful": "random batches, fp32"}
+
+
 def reference_curves(inp: Inputs) -> list[str]:
-    """The validation loss of the published recipe's first epochs, ours (the first seed's)
-    beside the published runs', epoch by epoch."""
+    """The validation loss of the first epochs beside the published runs': the published
+    recipe's and, when the pipeline runs them, those of the recipes that take a departure
+    from the reference back; each the mean over the seeds."""
     table = {}
     for model, published in PUBLISHED.items():
         if model not in inp.models:
             continue
-        ours = inp.runs[Run("published", model, inp.seeds[0])]["history"]["valid_loss"]
-        table[f"{model} (ours)"] = [f"{loss:.3f}" for loss in ours[:len(published["valid_loss"])]]
+        for recipe, label in REFERENCE_RECIPES.items():
+            if recipe not in inp.recipes:
+                continue
+            curves = [inp.runs[Run(recipe, model, s)]["history"]["valid_loss"].to_numpy()
+                      for s in inp.seeds]
+            common = min(len(curve) for curve in [*curves, published["valid_loss"]])
+            mean = np.mean([curve[:common] for curve in curves], axis=0)
+            table[f"{model} ({label})"] = [f"{loss:.3f}" for loss in mean]
         table[f"{model} (published)"] = [f"{loss:.2f}" for loss in published["valid_loss"]]
     if not table:
         return []
     epochs = min(len(column) for column in table.values())
     frame = pd.DataFrame({"epoch": range(1, epochs + 1),
                           **{name: column[:epochs] for name, column in table.items()}})
-    return [f"Validation loss by epoch, ours (seed {inp.seeds[0]}) beside the published runs':",
+    seeds = f"seed {inp.seeds[0]}" if len(inp.seeds) == 1 else f"mean of seeds {inp.seeds}"
+    return [f"Validation loss by epoch, ours ({seeds}) beside the published runs':",
             "", md_table(frame, text=True), ""]
+
+
+# The A/B of the attention kernels: the published recipe with every kernel allowed, cuDNN's
+# included (train.attention_kernels: any), against the published runs, routed or not.
+KERNELS_AB = ("published_cudnn", "published")
+
+
+def kernels_section(inp: Inputs) -> list[str]:
+    """The attention kernels each run was allowed (train.json's attention_kernels: "any", or
+    the route NMT_ATTENTION_KERNELS set), and, where results/ holds published_cudnn runs
+    (in the pipeline or trained on their own), their validation loss by epoch against the
+    published runs', mean over the seeds each side has."""
+    routes: dict[str, list[str]] = {}
+    for run, r in inp.runs.items():
+        routes.setdefault(r["train"].get("attention_kernels", "not recorded"), []).append(run.name)
+    lines = ["## Attention kernels", "",
+             "The attention kernels each run was allowed to take (`train.json`: "
+             "`attention_kernels`; `any`: every kernel, else the route "
+             "`NMT_ATTENTION_KERNELS` set): " + "; ".join(
+                 f"{route}: {', '.join(names)}" for route, names in routes.items()) + ".", ""]
+    ab, routed = KERNELS_AB
+    table, used = {}, []
+    for model in (BASELINE, "scratch"):
+        folders = sorted(inp.results.glob(f"{ab}-{model}-s*/history.csv"))
+        if not folders or routed not in inp.recipes or model not in inp.models:
+            continue
+        sides = {f"{model}, {ab} (any)": [pd.read_csv(path).valid_loss for path in folders],
+                 f"{model}, {routed}": [inp.runs[Run(routed, model, s)]["history"].valid_loss
+                                       for s in inp.seeds]}
+        for path in folders:
+            kernels = read_json(need(path.parent / "train.json")).get("attention_kernels")
+            used.append(f"{path.parent.name} ({kernels or 'not recorded'})")
+        epochs = min(len(curve) for curves in sides.values() for curve in curves)
+        means = [np.mean([c.to_numpy()[:epochs] for c in curves], axis=0)
+                 for curves in sides.values()]
+        table |= dict(zip(sides, means, strict=True))
+        table[f"{model}, difference"] = means[0] - means[1]
+    if not table:
+        return lines + [f"No A/B runs: results/ holds no `{ab}` run of baseline or scratch "
+                        f"beside the `{routed}` recipe's (they train with every attention kernel "
+                        "allowed, cuDNN's included: docs/results.md, \"The study\").", ""]
+    epochs = min(len(column) for column in table.values())
+    frame = pd.DataFrame({"epoch": range(1, epochs + 1),
+                          **{name: [f"{x:+.3f}" if "difference" in name else f"{x:.3f}"
+                                    for x in column[:epochs]] for name, column in table.items()}})
+    return lines + [f"Validation loss by epoch, mean over each side's seeds: `{ab}` "
+                    f"(every kernel allowed; runs: {', '.join(used)}) against `{routed}` "
+                    f"(seeds {inp.seeds}); difference = {ab} - {routed}.", "",
+                    md_table(frame, text=True), ""]
 
 
 def training_section(inp: Inputs, figures: dict[str, str]) -> list[str]:
@@ -707,7 +800,8 @@ def decoding_section(inp: Inputs) -> list[str]:
 
 def write_tables(inp: Inputs, out: Path) -> None:
     """results.csv (per seed), results_summary.csv (seed aggregates), metrics.json (for
-    `dvc metrics show`: seed means, numbers only) and statistics.json (the comparisons)."""
+    `dvc metrics show`: seed means, numbers only) and statistics.json (the verdicts and the
+    comparisons)."""
     with atomic_path(out / "results.csv") as tmp:
         inp.table.to_csv(tmp, index=False, float_format="%.4f")
     with atomic_path(out / "results_summary.csv") as tmp:
@@ -721,9 +815,11 @@ def write_tables(inp: Inputs, out: Path) -> None:
                         for run, r in inp.runs.items()])
     with atomic_path(out / "curves.csv") as tmp:  # `dvc plots show`: one chart, all runs
         curves.to_csv(tmp, index=False)
-    write_json(out / "statistics.json", [
-        {"recipe": recipe, "testset": testset, **c.to_dict()}
-        for (recipe, _, testset), found in inp.comparisons.items() for c in found])
+    write_json(out / "statistics.json", {
+        "verdicts": list(inp.verdicts.values()),
+        "comparisons": [{"recipe": recipe, "testset": testset, **c.to_dict()}
+                        for (recipe, _, testset), found in inp.comparisons.items()
+                        for c in found]})
 
 
 @dataclass(frozen=True)
@@ -743,7 +839,7 @@ def report(settings: dict, paths: Paths) -> None:
         figures = draw_figures(inp, folder)
     lines = (head_section(inp) + results_section(inp) + statistics_section(inp)
              + search_section(inp) + ablation_section(inp) + reference_section(inp)
-             + training_section(inp, figures)
+             + kernels_section(inp) + training_section(inp, figures)
              + verification_section(inp) + samples_section(inp)
              + attention_section(inp, figures) + setup_section(inp) + data_bench_section(inp)
              + decoding_section(inp))

@@ -275,7 +275,7 @@ def setup(settings: dict, paths: Paths) -> Trainer:
     config, run = TrainConfig.from_dict(settings["train"]), Run.parse(paths.run.folder.name)
     world, device = distributed.join(config.device, config.devices)
     bound_gpu_memory(device)  # several runs on one GPU (nmt --gpu-mem-mb)
-    attention_kernels = limit_attention_kernels()  # around a kernel preflight found wrong
+    attention_kernels = limit_attention_kernels(settings["train"]["attention_kernels"])
     if not world.main:  # one process reports progress
         logging.getLogger("nmt").setLevel(logging.WARNING)
     seed_everything(run.seed)  # the same initial weights on every rank
