@@ -21,16 +21,17 @@ SHOW_EVERY = 20  # updates between progress-bar refreshes (reading the loss wait
 
 
 class EpochMeter:
-    """An epoch's running training loss, target tokens and sums of the updates' means (on the
-    device: reading them waits for the GPU), its clock (resumed from progress.seconds) and its
-    progress bar."""
+    """An epoch's running training loss and sums of the updates' means (on the device: reading
+    them waits for the GPU), its target tokens (counted on the host, where an update counts
+    them: adding them on the device was a kernel an update), its clock (resumed from
+    progress.seconds) and its progress bar."""
 
     def __init__(self, trainer: Trainer, progress: Progress):
         self.trainer, self.first_step = trainer, progress.step
         self.began = time.perf_counter() - progress.seconds  # the epoch's start, as if unbroken
         self.session = time.perf_counter()  # when this process took the epoch up
         self.loss_sum = torch.tensor(progress.loss_sum, dtype=torch.float64, device=trainer.device)
-        self.tokens = torch.tensor(progress.tokens, dtype=torch.long, device=trainer.device)
+        self.tokens = progress.tokens
         self.sums = {name: torch.tensor(value, dtype=torch.float64, device=trainer.device)
                      for name, value in progress.sums.items()}
         self.bar = tqdm(total=len(trainer.plan(progress.epoch)), initial=progress.batch,
@@ -46,7 +47,7 @@ class EpochMeter:
 
     def read(self, progress: Progress) -> Progress:
         """progress with the running sums and the epoch's time so far."""
-        progress.loss_sum, progress.tokens = self.loss_sum.item(), int(self.tokens.item())
+        progress.loss_sum, progress.tokens = self.loss_sum.item(), self.tokens
         progress.sums = {name: value.item() for name, value in self.sums.items()}
         progress.seconds = time.perf_counter() - self.began
         return progress
