@@ -21,6 +21,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from conftest import REPO, edit_params
@@ -331,3 +332,33 @@ def test_image_packages_leave_the_kits_own_to_carry():
     assert {"torch", "numpy"} <= set(names)
     assert not {"snakemake", "dvc", "jsonschema", "antlr4-python3-runtime",
                 "connection-pool"} & set(names)
+
+
+# ---- tools/gpu/cudnn_dropout_repro.py -------------------------------------------------------
+
+def test_cudnn_dropout_repro_stands_alone(tmp_path):
+    """Fit to paste into a bug report: under 80 lines, torch its only import beside sys. Without
+    CUDA it says so in one line and exits 0; its method passes on the math backend (the control
+    that runs here), each error within its bound."""
+    script = REPO / "tools/gpu/cudnn_dropout_repro.py"
+    text = script.read_text()
+    assert len(text.splitlines()) < 80
+    assert set(re.findall(r"^(?:import|from) (\w+)", text, re.M)) == {"sys", "torch"}
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    def repro(*args):
+        return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+    if not torch.cuda.is_available():
+        skipped = repro()
+        assert (skipped.returncode, skipped.stderr) == (0, "")
+        assert skipped.stdout == ("SKIP: no CUDA device, so no cuDNN attention "
+                                  f"(torch {torch.__version__})\n")
+    control = repro("math")
+    assert control.returncode == 0, control.stdout + control.stderr
+    checks = re.findall(r"^call ([12]) (out|dq|dk|dv): (PASS|FAIL) max abs error (\S+) "
+                        r"\(bound (\S+)\)$", control.stdout, re.M)
+    assert len(checks) == 8, control.stdout
+    for _, _, verdict, error, bound in checks:
+        assert verdict == "PASS" and float(error) <= float(bound), control.stdout
+    assert control.stdout.splitlines()[-1] == "PASS: math, call 1 PASS, call 2 PASS"
+    assert repro("flash").returncode == 2  # a backend it does not know: the usage line
