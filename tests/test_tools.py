@@ -259,6 +259,130 @@ def test_plan_narrows_to_the_recipes_trained_whole(tiny, tmp_path):
     assert narrowed["pipeline"]["recipes"] == ["published"]
 
 
+
+def test_plan_with_measured_concurrency_fits_more_runs():
+    """Six published runs of 100 s alone each, 300 s to train in: with seconds that add up,
+    three fit; with S(3) = 2.0 and S(6) = 3.0 measured (2 at 2 at once, interpolated), all six
+    (600 s / 3.0 = 200 s). At most the profile's units run at once: with 3 units, six runs
+    take 600 / S(3) = 300 s. And never less than the longest run alone."""
+    runs = [Run("published", m, s) for s in (0, 1) for m in ("baseline", "scratch",
+                                                             "decoder_only")]
+    candidates = [gpu_plan.Planned(run, 1, 100.0) for run in runs]
+    assert len(gpu_plan.plan(candidates, 300)) == 3  # no model: seconds add up
+    assert len(gpu_plan.plan(candidates, 300, gpu_plan.no_gain(18))) == 3
+    measured = gpu_plan.Concurrency({1: 1.0, 3: 2.0, 6: 3.0}, 18, "test")
+    assert measured.factor(2) == pytest.approx(1.5) and measured.factor(9) == 3.0
+    assert measured.factor(4) == pytest.approx(2 + 1 / 3)
+    assert len(gpu_plan.plan(candidates, 300, measured)) == 6
+    assert len(gpu_plan.plan(candidates, 299, gpu_plan.Concurrency(measured.factors, 3,
+                                                                   "3 units"))) == 5
+    assert measured.wall([100.0, 10.0]) == 100.0  # 110 / 1.5 = 73 s: the 100 s run bounds it
+    assert measured.wall([]) == 0.0
+
+
+def concurrency_file(path: Path, factors) -> Path:
+    path.write_text(json.dumps({"mps": True, "device": "NVIDIA H100 80GB HBM3",
+                                "alone_updates_per_s": 190.0, "factors": factors}))
+    return path
+
+
+def test_plan_reads_a_concurrency_file(tmp_path):
+    jobs = gpu_plan.profile_jobs(REPO / "workflow/profiles/gpu/config.yaml")
+    assert jobs == 18  # the study at once (tests/test_gpu_profile.py)
+    read = gpu_plan.read_concurrency(concurrency_file(tmp_path / "c.json",
+                                                      {"1": 1.0, "3": 2.4}), jobs)
+    assert read.factors == {1: 1.0, 3: 2.4} and read.jobs == 18
+    assert read.source == "measured (c.json, MPS on): S(1) = 1.00, S(3) = 2.40"
+    (tmp_path / "text.json").write_text("{ not json")
+    bad = {"absent.json": "no such file", "text.json": "not concurrency.py's JSON",
+           "none.json": "not concurrency.py's JSON (KeyError",
+           "no-one.json": "are not S(N) > 0 for N >= 1 with S(1) = 1.0",
+           "zero.json": "are not S(N) > 0", "word.json": "not concurrency.py's JSON (ValueError"}
+    (tmp_path / "none.json").write_text("{}")
+    concurrency_file(tmp_path / "no-one.json", {"3": 2.0})
+    concurrency_file(tmp_path / "zero.json", {"1": 1.0, "3": 0})
+    concurrency_file(tmp_path / "word.json", {"1": 1.0, "three": 2.0})
+    for name, why in bad.items():
+        with pytest.raises(ValueError, match=re.escape(why)):
+            gpu_plan.read_concurrency(tmp_path / name, jobs)
+    # on the command line: one line, exit 2, before any data is read
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/plan.py"), "--minutes", "5",
+                           "--concurrency", str(tmp_path / "text.json"), "--data",
+                           str(tmp_path / "no-data")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert re.fullmatch(r"plan\.py: error: --concurrency \S+text\.json: not concurrency\.py's "
+                        r"JSON \(JSONDecodeError: .*\n", done.stderr), done.stderr
+
+
+
+# ---- tools/gpu/concurrency.py ---------------------------------------------------------------
+
+def test_concurrency_measures_trainings_at_once(tiny, tmp_path):
+    """concurrency.py on the CPU: the tiny published recipe's scratch model, shrunk further by
+    the size options, 1 and then 2 processes at once of 4 updates each; the printed figures
+    and the JSON agree, and plan.py reads the JSON."""
+    env = {key: value for key, value in os.environ.items()
+           if key != "CUDA_MPS_PIPE_DIRECTORY"}  # as run.sh's measurement without MPS
+    saved = tmp_path / "concurrency.json"
+    args = ["--params", tiny["params"], "--tokenized", tiny["tokenized"], "--vocab",
+            tiny["vocab"], "--updates", 4, "--steps", 2, "--layers", 1, "--d-model", 16,
+            "--heads", 2, "--ffn", 32]
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/concurrency.py"),
+                           *map(str, args), "--counts", "2", "--json", str(saved)],
+                          env={**env, "OMP_NUM_THREADS": "1"}, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    report = json.loads(saved.read_text())
+    assert (report["mps"], report["device"], report["graphed"]) == (False, "cpu", False)
+    assert report["model_size"] == {"num_encoder_layers": 1, "num_decoder_layers": 1,
+                                    "d_model": 16, "nhead": 2, "dim_feedforward": 32}
+    assert [run["processes"] for run in report["runs"]] == [1, 2]
+    alone, together = report["runs"]
+    assert report["alone_updates_per_s"] == alone["updates_per_s"] > 0
+    assert report["factors"]["1"] == 1.0
+    assert report["factors"]["2"] == round(together["updates_per_s"] / alone["updates_per_s"], 3)
+    assert 0 < report["factors"]["2"] < 3  # two processes on (at most) two cores
+    for run in report["runs"]:
+        assert len(run["each_updates_per_s"]) == run["processes"]
+        # the aggregate over the span of all of them: at most the sum of each one's own rate
+        assert run["updates_per_s"] <= sum(run["each_updates_per_s"]) * 1.001
+        assert run["updates_per_s"] == pytest.approx(run["processes"] * 4 / run["seconds"],
+                                                     rel=1e-2)
+    lines = re.findall(r"^(\d) at once: ([\d.]+) updates/s in all, ([\d.]+)x one alone "
+                       r"\([\d.]+ s; MPS off\)$", done.stdout, re.M)
+    assert [(int(n), float(rate), float(x)) for n, rate, x in lines] == [
+        (run["processes"], round(run["updates_per_s"], 1),
+         round(report["factors"][str(run["processes"])], 2)) for run in report["runs"]]
+    eager = report["kernels_per_update"]["eager"]
+    assert eager["count"] > 50 and eager["of"] == "aten operators (nested ones too)"
+    assert "graphed" not in report["kernels_per_update"]  # no CUDA graph on the CPU
+    assert f"one eager update: {eager['count']} aten operators" in done.stdout
+    read = gpu_plan.read_concurrency(saved, jobs=18)
+    assert read.factor(2) == report["factors"]["2"]
+    assert read.source.startswith("measured (concurrency.json, MPS off): S(1) = 1.00, S(2) = ")
+
+
+def test_concurrency_says_what_failed_in_one_line(tiny, tmp_path):
+    """A process that fails (here: no vocabulary where --vocab points) ends the measurement
+    with one line naming it; bad counts are refused before any process starts."""
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/concurrency.py"), "--params",
+                           str(tiny["params"]), "--tokenized", str(tiny["tokenized"]),
+                           "--vocab", str(tmp_path / "absent"), "--counts", "1",
+                           "--updates", "1"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.fullmatch(r"concurrency\.py: 1 at once: process 0 failed: \w+: .*absent.*\n",
+                        done.stdout), done.stdout
+    for counts in ("0,3", "three"):
+        refused = subprocess.run([sys.executable, str(REPO / "tools/gpu/concurrency.py"),
+                                  "--counts", counts], cwd=REPO, capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 2 and refused.stdout == ""
+        assert refused.stderr.splitlines()[-1].endswith(
+            f"argument --counts: {counts!r}: not whole numbers of 1 or more, e.g. 1,3,6,9")
+
+
 # ---- tools/gpu/bundle.sh and run.sh ---------------------------------------------------------
 
 @pytest.mark.slow
