@@ -47,7 +47,7 @@ from nmt.pipeline.params import load_params  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
 from nmt.stages.bench import SpeedPlan, bench_inputs, make_update, sync  # noqa: E402
 from nmt.training.graphs import resolve_cuda_graphs, resolve_pad_multiple  # noqa: E402
-from nmt.training.precision import choices  # noqa: E402
+from nmt.training.precision import Workload, choose  # noqa: E402
 
 WAIT_SECONDS = 300  # for the slowest process to get ready, and for each one's result
 SIZE_OPTIONS = {"layers": ("num_encoder_layers", "num_decoder_layers"), "d_model": ("d_model",),
@@ -79,7 +79,8 @@ def build_update(args: argparse.Namespace, seed: int, graphs_allowed: bool = Tru
     pad_multiple = resolve_pad_multiple(settings["train"]["pad_multiple"], graphs)
     batches, _, _ = bench_inputs(settings, args.tokenized, SpeedPlan(args.recipe, args.steps, 1, 1),
                                  codecs, device, pad_multiple)
-    precision = choices(settings, device, len(codecs[0]), len(codecs[1]))["train"].precision
+    precision = choose(settings["train"]["precision"], device,  # as nmt train chooses it
+                       Workload.of(settings, len(codecs[0]), len(codecs[1]), "train")).precision
     seed_everything(seed)
     model = build_model(args.model, ModelConfig.from_dict(settings["model"]), len(codecs[0]),
                         len(codecs[1])).to(device).train()
