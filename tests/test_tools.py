@@ -389,8 +389,10 @@ def test_concurrency_says_what_failed_in_one_line(tiny, tmp_path):
 def test_gpu_kit_at_tiny_size(mirror, tmp_path):
     """bundle.sh's data part (dvc repro verify) in a tiny copy of the repository, then run.sh
     there as on a GPU machine: the wheels' site already there (this Python has the packages),
-    no preflight or graph check (their own tests run them), the published baseline and scratch
-    trained, evaluated, benched and reported by Snakemake, recorded by `dvc commit`, packed."""
+    no preflight or graph check (their own tests run them), MPS off (no daemon here), the
+    concurrency of 2 tiny trainings measured and planned with, the published baseline and
+    scratch trained, evaluated, benched and reported by Snakemake, recorded by `dvc commit`,
+    packed."""
     from tiny import scratch_copy
 
     copy = scratch_copy(tmp_path / "copy")
@@ -419,10 +421,21 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
     (kit / "nmt-site").mkdir(parents=True)
     ran = subprocess.run(["bash", "tools/gpu/run.sh", "3"], cwd=copy, capture_output=True,
                          text=True, timeout=600,
-                         env={**env, "OUT": str(out), "KIT": str(kit), "CHECKS": "",
+                         env={**env, "OUT": str(out), "KIT": str(kit), "CHECKS": "concurrency",
+                              "CONCURRENCY_OPTIONS": "--counts 2 --updates 4 --steps 2",
                               "CHECK_DIR": str(tmp_path / "checks")})
     log = (out / "log").read_text()
     assert ran.returncode == 0, log[-4000:]
+    # no MPS daemon here: one line says so, and the run goes on without it
+    assert [line for line in log.splitlines() if line.startswith("MPS: ")] == [
+        "MPS: off, no nvidia-cuda-mps-control on this machine; the processes share the GPU as "
+        "separate contexts"], log
+    assert (out / "mps.txt").read_text() == "off: no nvidia-cuda-mps-control on this machine\n"
+    # the concurrency measurement without MPS (the only one here), handed to the plan
+    factors = json.loads((out / "concurrency-nomps.json").read_text())["factors"]
+    assert not (out / "concurrency-mps.json").exists()
+    assert (f"plan: concurrency measured (concurrency-nomps.json, MPS off): S(1) = 1.00, "
+            f"S(2) = {factors['2']:.2f}; up to 18 trainings at once") in log, log
     assert "plan: 2 of 2 runs" in log and "the whole pipeline fits" in log, log
     assert "dvc.lock: every stage recorded" in log, log[-4000:]
     runs = [Run("published", model, 0) for model in ("baseline", "scratch")]
@@ -444,6 +457,60 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
             "report"} <= set(lock)
     bench = json.loads((copy / "results/bench.json").read_text())
     assert bench["device"] == "cpu" and bench["train"]["scratch"] > 0 < bench["beam"]["baseline"]
+
+
+def start_mps(tmp_path: Path, bin_dir: Path, **env) -> tuple[str, dict]:
+    """tools/gpu/mps.sh's start_mps in bash with `bin_dir` first on PATH: its output, and
+    what it left: MPS_ON, the MPS variables, mps.txt."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    script = ('source tools/gpu/mps.sh; start_mps "$1"; '
+              'echo "left: $MPS_ON ${CUDA_MPS_PIPE_DIRECTORY-unset} '
+              '${CUDA_MPS_LOG_DIRECTORY-unset}"')
+    path = f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"
+    done = subprocess.run(["bash", "-c", script, "start_mps", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": path, "MPS_ROOT": str(tmp_path / "mps"),
+                               **env})
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    *said, left = done.stdout.splitlines()
+    return "\n".join(said), {"left": left, "mps.txt": (out / "mps.txt").read_text()}
+
+
+def test_mps_falls_back_in_one_line(tmp_path):
+    """Without the daemon's binary, with MPS=0, and when the torch probe fails (a stand-in
+    nvidia-cuda-mps-control that records its calls, on this CPU, as root): one line says why,
+    the daemon that started is told to quit, the variables are unset, MPS_ON is 0."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    said, left = start_mps(tmp_path, empty)
+    assert said == ("MPS: off, no nvidia-cuda-mps-control on this machine; the processes "
+                    "share the GPU as separate contexts")
+    assert left == {"left": "left: 0 unset unset",
+                    "mps.txt": "off: no nvidia-cuda-mps-control on this machine\n"}
+
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    calls = tmp_path / "calls"
+    (stand_in / "nvidia-cuda-mps-control").write_text(
+        f'#!/bin/sh\n[ -t 0 ] && input= || input=$(cat)\n'
+        f'echo "$* ${{input}} pipe=$CUDA_MPS_PIPE_DIRECTORY" >>{calls}\n')
+    (stand_in / "nvidia-cuda-mps-control").chmod(0o755)
+    said, left = start_mps(tmp_path, stand_in, MPS="0")
+    assert said.startswith("MPS: off, MPS=0 turns it off;") and not calls.exists()
+    if os.geteuid() != 0:
+        pytest.skip("the daemon's path needs root")
+    said, left = start_mps(tmp_path, stand_in)
+    if torch.cuda.is_available():
+        pytest.skip("the probe passes on a GPU")
+    pipe = tmp_path / "mps" / "pipe"
+    assert re.fullmatch(r"MPS: off, the torch probe under MPS failed \(exit 1; see \S+/mps\.log "
+                        r"and \S+/mps/log/control\.log\); the processes share the GPU as "
+                        r"separate contexts", said), said
+    assert calls.read_text().splitlines() == [f"-d  pipe={pipe}", f" quit pipe={pipe}"]
+    assert left["left"] == "left: 0 unset unset"
+    assert left["mps.txt"].startswith("off: the torch probe")
+    assert "Torch not compiled with CUDA enabled" in (tmp_path / "out" / "mps.log").read_text()
 
 
 def test_image_packages_leave_the_kits_own_to_carry():

@@ -27,7 +27,7 @@ planned run's evaluation, the bench, and the report when every run of the pipeli
 only some recipes' runs are all in, --narrowed writes params.yaml with pipeline.recipes cut to
 those recipes (the report of what was trained: `nmt --params FILE report`), and --stages the
 DVC stages of the planned runs (what `dvc commit` can record). tools/gpu/run.sh runs it (step
-3, with step 2's concurrency.json where it ran; docs/gpu.md): its plan chose the runs that
+4, with step 3's concurrency JSON where it ran; docs/gpu.md): its plan chose the runs that
 reports/h200-published/ holds and narrowed that report to the published recipe.
 tests/test_tools.py checks its choices, and runs it on a tiny params file and data.
 """
