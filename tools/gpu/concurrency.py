@@ -31,6 +31,7 @@ import json
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import time
 from pathlib import Path
@@ -123,20 +124,25 @@ def at_once(args: argparse.Namespace, count: int) -> dict:
     second, each one's, and the highest peak memory."""
     spawn = multiprocessing.get_context("spawn")  # fresh processes: no CUDA state inherited
     ready, results = spawn.Barrier(count), spawn.Queue()
-    processes = [spawn.Process(target=worker, args=(index, args, ready, results))
+    processes = [spawn.Process(target=worker, args=(index, args, ready, results), daemon=True)
                  for index in range(count)]
     for process in processes:
         process.start()
     rows = []
+    give_up = time.monotonic() + 2 * WAIT_SECONDS
     try:
-        for _ in processes:
-            rows.append(results.get(timeout=2 * WAIT_SECONDS))
-    except queue.Empty:
-        raise Failure(f"{count} at once: a process gave no result in {2 * WAIT_SECONDS} s "
-                      "(it died? see its output above)") from None
-    finally:
+        while len(rows) < count:
+            try:
+                rows.append(results.get(timeout=5))
+            except queue.Empty:  # a process killed (out of memory, a signal) puts nothing
+                died = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+                if died or time.monotonic() > give_up:
+                    raise Failure(f"{count} at once: a process gave no result ("
+                                  + (f"it ended with exit code {died[0]}" if died else
+                                     f"none in {2 * WAIT_SECONDS} s") + ")") from None
+    finally:  # none outlives this call: on a failure or a SIGTERM (main) they are ended now
         for process in processes:
-            process.join(timeout=30)
+            process.join(timeout=30 if len(rows) == count else 0)
             if process.is_alive():
                 process.terminate()
     # The first failure that is not a process stopped waiting for the failed one (its barrier)
@@ -221,6 +227,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.updates < 1 or args.steps < 1:
         parser.error("--updates and --steps must be 1 or more")
+    # run.sh's timeout sends SIGTERM: exit through at_once's cleanup, which ends the trainings
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     mps = bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
     runs = []
     try:
