@@ -3,6 +3,7 @@ bounded (--gpu-mem-mb from the rule's gpu_mem_mb resource), under Snakemake itse
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -19,6 +20,12 @@ from nmt.pipeline import declaration
 from tiny import run, scratch_copy
 
 PROFILE = ["--workflow-profile", "workflow/profiles/gpu"]
+SETTINGS = yaml.safe_load((REPO / "workflow/profiles/gpu/config.yaml").read_text())
+RESOURCES = dict(item.split("=") for item in SETTINGS["resources"])
+TRAIN_MB = SETTINGS["set-resources"]["train"]["gpu_mem_mb"]
+STUDY = 2 * 3 * 3  # trainings: 2 recipes x 3 models x 3 seeds
+H100_MB = 85_017  # cuda's memory of an H100 80GB (reports/gpu-first-run/train-*.log)
+CONTEXT_MB = 600  # a CUDA context, outside the allocator and its bound
 
 
 def most_trainings_at_once(output: str) -> int:
@@ -36,15 +43,40 @@ def most_trainings_at_once(output: str) -> int:
 
 
 def test_the_gpu_profile_plans_the_whole_comparison(tmp_path):
-    """A dry run lists every job; trainings get 2 threads and a 9,000 MB bound, bench the
+    """A dry run lists every job; trainings get 1 thread and a 3,800 MB bound, bench the
     whole GPU (so it is timed alone)."""
     out = run(["snakemake", "-n", *PROFILE], scratch_copy(tmp_path))
     counts = dict(re.findall(r"^(train|evaluate|bench)\s+(\d+)$", out, re.MULTILINE))
     assert counts == {"train": "12", "evaluate": "12", "bench": "1"}  # 2 recipes x 3 x 2 seeds
     trainings = re.findall(r"^Shell command: nmt train .*$", out, re.MULTILINE)
     assert len(trainings) == 12
-    assert all("--threads 2 --gpu-mem-mb 9000 " in cmd for cmd in trainings)
-    assert re.search(r"resources: .*gpu=8, gpu_mem_mb=76000", out)  # bench
+    assert all("--threads 1 --gpu-mem-mb 3800 " in cmd for cmd in trainings)
+    assert re.search(r"resources: .*gpu=18, gpu_mem_mb=72000", out)  # bench
+
+
+def committed_peaks_mb() -> list[float]:
+    """The peak CUDA memory of every committed GPU training (train.json's, in the H200 run's
+    report) and bench's (both GPU runs)."""
+    table = (REPO / "reports/h200-published/report.md").read_text()
+    peaks = [float(row.split("|")[-2]) for row in table.splitlines()
+             if re.match(r"^\| published-\w+-s0 +\| cuda ", row)]
+    assert len(peaks) == 3, "the report's training table moved: read its peak MB column"
+    for bench in ("gpu-first-run/bench.json", "h200-published/bench-eager.json"):
+        peaks += json.loads((REPO / "reports" / bench).read_text())["peak_memory_mib"].values()
+    return peaks
+
+
+def test_the_gpu_profile_fits_the_whole_study_on_an_h100():
+    """The 18 trainings at once: a unit each, one thread each (at most 2 over the 16 cores),
+    their bounds within the total, the total and their CUDA contexts within an H100's memory,
+    and each bound 30% or more above the highest peak a GPU run measured."""
+    assert int(RESOURCES["gpu"]) >= STUDY and SETTINGS["cores"] >= STUDY
+    assert SETTINGS["set-threads"]["train"] * STUDY <= 16 + 2
+    assert STUDY * TRAIN_MB <= int(RESOURCES["gpu_mem_mb"])
+    assert int(RESOURCES["gpu_mem_mb"]) + STUDY * CONTEXT_MB <= H100_MB
+    assert TRAIN_MB >= 1.3 * max(committed_peaks_mb())
+    assert SETTINGS["set-resources"]["bench"] == {"gpu": int(RESOURCES["gpu"]),
+                                                  "gpu_mem_mb": int(RESOURCES["gpu_mem_mb"])}
 
 
 @pytest.mark.slow
@@ -59,7 +91,7 @@ def test_the_gpu_profile_runs_trainings_at_once(tmp_path, mirror):
     out = run(["snakemake", *targets, *PROFILE, "--set-threads", "train=1", "verify=1"], root)
     assert most_trainings_at_once(out) == 4, out[-3000:]
     for log in (root / "logs").glob("train-*.log"):
-        assert "NMT_GPU_MEM_MB=9000: no CUDA memory to bound on cpu" in log.read_text()
+        assert f"NMT_GPU_MEM_MB={TRAIN_MB}: no CUDA memory to bound on cpu" in log.read_text()
 
 
 def test_the_memory_bound_is_a_resource_for_snakemake_and_a_number_for_dvc():

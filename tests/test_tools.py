@@ -21,6 +21,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from conftest import REPO, edit_params
@@ -258,14 +259,140 @@ def test_plan_narrows_to_the_recipes_trained_whole(tiny, tmp_path):
     assert narrowed["pipeline"]["recipes"] == ["published"]
 
 
+
+def test_plan_with_measured_concurrency_fits_more_runs():
+    """Six published runs of 100 s alone each, 300 s to train in: with seconds that add up,
+    three fit; with S(3) = 2.0 and S(6) = 3.0 measured (2 at 2 at once, interpolated), all six
+    (600 s / 3.0 = 200 s). At most the profile's units run at once: with 3 units, six runs
+    take 600 / S(3) = 300 s. And never less than the longest run alone."""
+    runs = [Run("published", m, s) for s in (0, 1) for m in ("baseline", "scratch",
+                                                             "decoder_only")]
+    candidates = [gpu_plan.Planned(run, 1, 100.0) for run in runs]
+    assert len(gpu_plan.plan(candidates, 300)) == 3  # no model: seconds add up
+    assert len(gpu_plan.plan(candidates, 300, gpu_plan.no_gain(18))) == 3
+    measured = gpu_plan.Concurrency({1: 1.0, 3: 2.0, 6: 3.0}, 18, "test")
+    assert measured.factor(2) == pytest.approx(1.5) and measured.factor(9) == 3.0
+    assert measured.factor(4) == pytest.approx(2 + 1 / 3)
+    assert len(gpu_plan.plan(candidates, 300, measured)) == 6
+    assert len(gpu_plan.plan(candidates, 299, gpu_plan.Concurrency(measured.factors, 3,
+                                                                   "3 units"))) == 5
+    assert measured.wall([100.0, 10.0]) == 100.0  # 110 / 1.5 = 73 s: the 100 s run bounds it
+    assert measured.wall([]) == 0.0
+
+
+def concurrency_file(path: Path, factors) -> Path:
+    path.write_text(json.dumps({"mps": True, "device": "NVIDIA H100 80GB HBM3",
+                                "alone_updates_per_s": 190.0, "factors": factors}))
+    return path
+
+
+def test_plan_reads_a_concurrency_file(tmp_path):
+    jobs = gpu_plan.profile_jobs(REPO / "workflow/profiles/gpu/config.yaml")
+    assert jobs == 18  # the study at once (tests/test_gpu_profile.py)
+    read = gpu_plan.read_concurrency(concurrency_file(tmp_path / "c.json",
+                                                      {"1": 1.0, "3": 2.4}), jobs)
+    assert read.factors == {1: 1.0, 3: 2.4} and read.jobs == 18
+    assert read.source == "measured (c.json, MPS on): S(1) = 1.00, S(3) = 2.40"
+    (tmp_path / "text.json").write_text("{ not json")
+    bad = {"absent.json": "no such file", "text.json": "not concurrency.py's JSON",
+           "none.json": "not concurrency.py's JSON (KeyError",
+           "no-one.json": "are not S(N) > 0 for N >= 1 with S(1) = 1.0",
+           "zero.json": "are not S(N) > 0", "word.json": "not concurrency.py's JSON (ValueError"}
+    (tmp_path / "none.json").write_text("{}")
+    concurrency_file(tmp_path / "no-one.json", {"3": 2.0})
+    concurrency_file(tmp_path / "zero.json", {"1": 1.0, "3": 0})
+    concurrency_file(tmp_path / "word.json", {"1": 1.0, "three": 2.0})
+    for name, why in bad.items():
+        with pytest.raises(ValueError, match=re.escape(why)):
+            gpu_plan.read_concurrency(tmp_path / name, jobs)
+    # on the command line: one line, exit 2, before any data is read
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/plan.py"), "--minutes", "5",
+                           "--concurrency", str(tmp_path / "text.json"), "--data",
+                           str(tmp_path / "no-data")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert re.fullmatch(r"plan\.py: error: --concurrency \S+text\.json: not concurrency\.py's "
+                        r"JSON \(JSONDecodeError: .*\n", done.stderr), done.stderr
+
+
+
+# ---- tools/gpu/concurrency.py ---------------------------------------------------------------
+
+def test_concurrency_measures_trainings_at_once(tiny, tmp_path):
+    """concurrency.py on the CPU: the tiny published recipe's scratch model, shrunk further by
+    the size options, 1 and then 2 processes at once of 4 updates each; the printed figures
+    and the JSON agree, and plan.py reads the JSON."""
+    env = {key: value for key, value in os.environ.items()
+           if key != "CUDA_MPS_PIPE_DIRECTORY"}  # as run.sh's measurement without MPS
+    saved = tmp_path / "concurrency.json"
+    args = ["--params", tiny["params"], "--tokenized", tiny["tokenized"], "--vocab",
+            tiny["vocab"], "--updates", 4, "--steps", 2, "--layers", 1, "--d-model", 16,
+            "--heads", 2, "--ffn", 32]
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/concurrency.py"),
+                           *map(str, args), "--counts", "2", "--json", str(saved)],
+                          env={**env, "OMP_NUM_THREADS": "1"}, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    report = json.loads(saved.read_text())
+    assert (report["mps"], report["device"], report["graphed"]) == (False, "cpu", False)
+    assert report["model_size"] == {"num_encoder_layers": 1, "num_decoder_layers": 1,
+                                    "d_model": 16, "nhead": 2, "dim_feedforward": 32}
+    assert [run["processes"] for run in report["runs"]] == [1, 2]
+    alone, together = report["runs"]
+    assert report["alone_updates_per_s"] == alone["updates_per_s"] > 0
+    assert report["factors"]["1"] == 1.0
+    assert report["factors"]["2"] == round(together["updates_per_s"] / alone["updates_per_s"], 3)
+    assert 0 < report["factors"]["2"] < 3  # two processes on (at most) two cores
+    for run in report["runs"]:
+        assert len(run["each_updates_per_s"]) == run["processes"]
+        # the aggregate over the span of all of them: at most the sum of each one's own rate
+        assert run["updates_per_s"] <= sum(run["each_updates_per_s"]) * 1.001
+        assert run["updates_per_s"] == pytest.approx(run["processes"] * 4 / run["seconds"],
+                                                     rel=1e-2)
+    lines = re.findall(r"^(\d) at once: ([\d.]+) updates/s in all, ([\d.]+)x one alone "
+                       r"\([\d.]+ s; MPS off\)$", done.stdout, re.M)
+    assert [(int(n), float(rate), float(x)) for n, rate, x in lines] == [
+        (run["processes"], round(run["updates_per_s"], 1),
+         round(report["factors"][str(run["processes"])], 2)) for run in report["runs"]]
+    eager = report["kernels_per_update"]["eager"]
+    assert eager["count"] > 50 and eager["of"] == "aten operators (nested ones too)"
+    assert "graphed" not in report["kernels_per_update"]  # no CUDA graph on the CPU
+    assert f"one eager update: {eager['count']} aten operators" in done.stdout
+    read = gpu_plan.read_concurrency(saved, jobs=18)
+    assert read.factor(2) == report["factors"]["2"]
+    assert read.source.startswith("measured (concurrency.json, MPS off): S(1) = 1.00, S(2) = ")
+
+
+def test_concurrency_says_what_failed_in_one_line(tiny, tmp_path):
+    """A process that fails (here: no vocabulary where --vocab points) ends the measurement
+    with one line naming it; bad counts are refused before any process starts."""
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/concurrency.py"), "--params",
+                           str(tiny["params"]), "--tokenized", str(tiny["tokenized"]),
+                           "--vocab", str(tmp_path / "absent"), "--counts", "1",
+                           "--updates", "1"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.fullmatch(r"concurrency\.py: 1 at once: process 0 failed: \w+: .*absent.*\n",
+                        done.stdout), done.stdout
+    for counts in ("0,3", "three"):
+        refused = subprocess.run([sys.executable, str(REPO / "tools/gpu/concurrency.py"),
+                                  "--counts", counts], cwd=REPO, capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 2 and refused.stdout == ""
+        assert refused.stderr.splitlines()[-1].endswith(
+            f"argument --counts: {counts!r}: not whole numbers of 1 or more, e.g. 1,3,6,9")
+
+
 # ---- tools/gpu/bundle.sh and run.sh ---------------------------------------------------------
 
 @pytest.mark.slow
 def test_gpu_kit_at_tiny_size(mirror, tmp_path):
     """bundle.sh's data part (dvc repro verify) in a tiny copy of the repository, then run.sh
     there as on a GPU machine: the wheels' site already there (this Python has the packages),
-    no preflight or graph check (their own tests run them), the published baseline and scratch
-    trained, evaluated, benched and reported by Snakemake, recorded by `dvc commit`, packed."""
+    no preflight or graph check (their own tests run them), MPS off (no daemon here), the
+    concurrency of 2 tiny trainings measured and planned with, the published baseline and
+    scratch trained, evaluated, benched and reported by Snakemake, recorded by `dvc commit`,
+    packed."""
     from tiny import scratch_copy
 
     copy = scratch_copy(tmp_path / "copy")
@@ -294,10 +421,21 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
     (kit / "nmt-site").mkdir(parents=True)
     ran = subprocess.run(["bash", "tools/gpu/run.sh", "3"], cwd=copy, capture_output=True,
                          text=True, timeout=600,
-                         env={**env, "OUT": str(out), "KIT": str(kit), "CHECKS": "",
+                         env={**env, "OUT": str(out), "KIT": str(kit), "CHECKS": "concurrency",
+                              "CONCURRENCY_OPTIONS": "--counts 2 --updates 4 --steps 2",
                               "CHECK_DIR": str(tmp_path / "checks")})
     log = (out / "log").read_text()
     assert ran.returncode == 0, log[-4000:]
+    # no MPS daemon here: one line says so, and the run goes on without it
+    assert [line for line in log.splitlines() if line.startswith("MPS: ")] == [
+        "MPS: off, no nvidia-cuda-mps-control on this machine; the processes share the GPU as "
+        "separate contexts"], log
+    assert (out / "mps.txt").read_text() == "off: no nvidia-cuda-mps-control on this machine\n"
+    # the concurrency measurement without MPS (the only one here), handed to the plan
+    factors = json.loads((out / "concurrency-nomps.json").read_text())["factors"]
+    assert not (out / "concurrency-mps.json").exists()
+    assert (f"plan: concurrency measured (concurrency-nomps.json, MPS off): S(1) = 1.00, "
+            f"S(2) = {factors['2']:.2f}; up to 18 trainings at once") in log, log
     assert "plan: 2 of 2 runs" in log and "the whole pipeline fits" in log, log
     assert "dvc.lock: every stage recorded" in log, log[-4000:]
     runs = [Run("published", model, 0) for model in ("baseline", "scratch")]
@@ -321,6 +459,60 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
     assert bench["device"] == "cpu" and bench["train"]["scratch"] > 0 < bench["beam"]["baseline"]
 
 
+def start_mps(tmp_path: Path, bin_dir: Path, **env) -> tuple[str, dict]:
+    """tools/gpu/mps.sh's start_mps in bash with `bin_dir` first on PATH: its output, and
+    what it left: MPS_ON, the MPS variables, mps.txt."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    script = ('source tools/gpu/mps.sh; start_mps "$1"; '
+              'echo "left: $MPS_ON ${CUDA_MPS_PIPE_DIRECTORY-unset} '
+              '${CUDA_MPS_LOG_DIRECTORY-unset}"')
+    path = f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"
+    done = subprocess.run(["bash", "-c", script, "start_mps", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": path, "MPS_ROOT": str(tmp_path / "mps"),
+                               **env})
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    *said, left = done.stdout.splitlines()
+    return "\n".join(said), {"left": left, "mps.txt": (out / "mps.txt").read_text()}
+
+
+def test_mps_falls_back_in_one_line(tmp_path):
+    """Without the daemon's binary, with MPS=0, and when the torch probe fails (a stand-in
+    nvidia-cuda-mps-control that records its calls, on this CPU, as root): one line says why,
+    the daemon that started is told to quit, the variables are unset, MPS_ON is 0."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    said, left = start_mps(tmp_path, empty)
+    assert said == ("MPS: off, no nvidia-cuda-mps-control on this machine; the processes "
+                    "share the GPU as separate contexts")
+    assert left == {"left": "left: 0 unset unset",
+                    "mps.txt": "off: no nvidia-cuda-mps-control on this machine\n"}
+
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    calls = tmp_path / "calls"
+    (stand_in / "nvidia-cuda-mps-control").write_text(
+        f'#!/bin/sh\n[ -t 0 ] && input= || input=$(cat)\n'
+        f'echo "$* ${{input}} pipe=$CUDA_MPS_PIPE_DIRECTORY" >>{calls}\n')
+    (stand_in / "nvidia-cuda-mps-control").chmod(0o755)
+    said, left = start_mps(tmp_path, stand_in, MPS="0")
+    assert said.startswith("MPS: off, MPS=0 turns it off;") and not calls.exists()
+    if os.geteuid() != 0:
+        pytest.skip("the daemon's path needs root")
+    said, left = start_mps(tmp_path, stand_in)
+    if torch.cuda.is_available():
+        pytest.skip("the probe passes on a GPU")
+    pipe = tmp_path / "mps" / "pipe"
+    assert re.fullmatch(r"MPS: off, the torch probe under MPS failed \(exit 1; see \S+/mps\.log "
+                        r"and \S+/mps/log/control\.log\); the processes share the GPU as "
+                        r"separate contexts", said), said
+    assert calls.read_text().splitlines() == [f"-d  pipe={pipe}", f" quit pipe={pipe}"]
+    assert left["left"] == "left: 0 unset unset"
+    assert left["mps.txt"].startswith("off: the torch probe")
+    assert "Torch not compiled with CUDA enabled" in (tmp_path / "out" / "mps.log").read_text()
+
+
 def test_image_packages_leave_the_kits_own_to_carry():
     """tools/gpu/image-packages.txt, read as bundle.sh reads it (lower case, `_` and `.` as
     `-`): the image's torch and numpy are left out of the wheels, the packages the kit carries
@@ -331,3 +523,33 @@ def test_image_packages_leave_the_kits_own_to_carry():
     assert {"torch", "numpy"} <= set(names)
     assert not {"snakemake", "dvc", "jsonschema", "antlr4-python3-runtime",
                 "connection-pool"} & set(names)
+
+
+# ---- tools/gpu/cudnn_dropout_repro.py -------------------------------------------------------
+
+def test_cudnn_dropout_repro_stands_alone(tmp_path):
+    """Fit to paste into a bug report: under 80 lines, torch its only import beside sys. Without
+    CUDA it says so in one line and exits 0; its method passes on the math backend (the control
+    that runs here), each error within its bound."""
+    script = REPO / "tools/gpu/cudnn_dropout_repro.py"
+    text = script.read_text()
+    assert len(text.splitlines()) < 80
+    assert set(re.findall(r"^(?:import|from) (\w+)", text, re.M)) == {"sys", "torch"}
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    def repro(*args):
+        return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+    if not torch.cuda.is_available():
+        skipped = repro()
+        assert (skipped.returncode, skipped.stderr) == (0, "")
+        assert skipped.stdout == ("SKIP: no CUDA device, so no cuDNN attention "
+                                  f"(torch {torch.__version__})\n")
+    control = repro("math")
+    assert control.returncode == 0, control.stdout + control.stderr
+    checks = re.findall(r"^call ([12]) (out|dq|dk|dv): (PASS|FAIL) max abs error (\S+) "
+                        r"\(bound (\S+)\)$", control.stdout, re.M)
+    assert len(checks) == 8, control.stdout
+    for _, _, verdict, error, bound in checks:
+        assert verdict == "PASS" and float(error) <= float(bound), control.stdout
+    assert control.stdout.splitlines()[-1] == "PASS: math, call 1 PASS, call 2 PASS"
+    assert repro("flash").returncode == 2  # a backend it does not know: the usage line

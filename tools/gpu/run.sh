@@ -11,30 +11,43 @@
 #      Where a kernel fails, every stage leaves it out (NMT_ATTENTION_KERNELS, the route the
 #      preflight prints), and the route is checked (preflight-routed.json). Part C, scratch's
 #      expected gradient against the baseline's from the same weights, runs beside the
-#      trainings of step 4 (preflight-gradients.json).
+#      trainings of step 5 (preflight-gradients.json).
 #   2. tools/gpu/check_graphs.py: CUDA graph updates against eager ones (dropout off), dropout
 #      on in replayed graphs, and the milliseconds an update of each ($OUT/check_graphs.json).
 #      If the graphs fail it, training runs eagerly (train.cuda_graphs: false here).
-#   3. tools/gpu/plan.py: which runs fit in the minutes left at that speed, the published
-#      baseline and scratch first, then the rest of params.yaml's pipeline, then EXTRA RUNS
-#      (e.g. published-baseline-s1 published-scratch-s1); it prints the plan.
-#   4. Snakemake (workflow/profiles/gpu) trains and evaluates the planned runs at once, then
+#   3. CUDA MPS (tools/gpu/mps.sh): the Multi-Process Service started where it can (its binary,
+#      root, MPS not 0) and probed, so that the trainings' processes share the GPU as its
+#      clients; otherwise one line says why and they share it as before. $OUT/mps.txt says
+#      which. Optionally first, and again once MPS is on, tools/gpu/concurrency.py: the
+#      aggregate speed of 1, 3, 6 and 9 trainings at once against one alone, without MPS
+#      (concurrency-nomps.json) and with it (concurrency-mps.json).
+#   4. tools/gpu/plan.py: which runs fit in the minutes left at that speed, run at once as the
+#      concurrency measurement of this MPS setting says (none measured: their seconds add
+#      up), the published baseline and scratch first, then the rest of params.yaml's
+#      pipeline, then EXTRA RUNS (e.g. published-baseline-s1 published-scratch-s1); it
+#      prints the plan.
+#   5. Snakemake (workflow/profiles/gpu) trains and evaluates the planned runs at once, then
 #      the bench and the report if every run of the pipeline is in the plan. At the deadline it
 #      is interrupted: each training stops after its current step and keeps its resume state,
 #      so the same command again (on the same machine) goes on where it stopped.
 # Every call packs the small results (no checkpoints) into $OUT/results.tgz and its output
 # into $OUT/log; when the whole pipeline is done, `dvc commit` records it in dvc.lock.
-# CHECKS (default "preflight graphs") names the steps 1 and 2 to run: a second call on the same
-# machine needs neither (plan.py reuses the first call's check_graphs.json, kept in
-# $CHECK_DIR, default /tmp/nmt-checks). UPDATE_MS gives plan.py the milliseconds an update
-# measured earlier on this kind of GPU, where step 2 is left out on a fresh machine. KIT
-# (default /tmp) is where the wheels are installed (nmt-site, once: a folder already there is
-# kept) and the commands' wrappers written (nmt-bin).
+# CHECKS (default "preflight graphs") names the checks to run: "preflight" (1), "graphs" (2),
+# "concurrency" (3's measurements: not by default; estimated at a minute or two each, without
+# and with MPS, at the published size, at most 4 minutes each). A second call on the same
+# machine needs none (plan.py reuses the first call's check_graphs.json and the
+# concurrency-*.json of its MPS setting, kept in $CHECK_DIR, default /tmp/nmt-checks). MPS=0
+# leaves MPS off (to compare); CONCURRENCY_OPTIONS, concurrency.py's options (e.g. "--counts
+# 1,3 --updates 100"). UPDATE_MS gives plan.py the milliseconds an update measured
+# earlier on this kind of GPU, where step 2 is left out on a fresh machine. KIT (default /tmp)
+# is where the wheels are installed (nmt-site, once: a folder already there is kept) and the
+# commands' wrappers written (nmt-bin).
 #
 # Its runs are the GPU runs of docs/gpu.md (reports/gpu-first-run, gpu-second-run and
 # h200-published). tests/test_tools.py runs it at tiny size on the CPU, after bundle.sh's data
-# part, in a copy of the repository (CHECKS="": the preflight and the graph check have their
-# own tests; KIT holds an empty nmt-site: the test's Python has the packages).
+# part, in a copy of the repository (CHECKS="": the preflight, the graph check and the
+# concurrency measurement have their own tests; KIT holds an empty nmt-site: the test's Python
+# has the packages; no MPS daemon on the CPU: the "MPS: off" line).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 minutes=${1:-9}
@@ -108,13 +121,33 @@ PY
     fi
 fi
 
-echo "== 3. plan ($(minutes_left) min left)"
+concurrency() {  # tools/gpu/concurrency.py under this shell's MPS setting, its JSON to $1
+    local json=$1 options
+    read -ra options <<<"${CONCURRENCY_OPTIONS:-}"
+    timeout -k 10 240 python3 tools/gpu/concurrency.py "${options[@]}" --json "$CHECK_DIR/$json" \
+        || echo "concurrency.py failed or ran out of time (exit $?): no factors from it"
+    cp "$CHECK_DIR/$json" "$OUT/" 2>/dev/null || true
+}
+echo "== 3. MPS and the trainings at once ($(minutes_left) min left)"
+if [[ " $CHECKS " == *" concurrency "* ]]; then  # before the daemon: no process is its client
+    concurrency concurrency-nomps.json
+fi
+source tools/gpu/mps.sh
+start_mps "$OUT"
+if [ "$MPS_ON" = 1 ] && [[ " $CHECKS " == *" concurrency "* ]]; then
+    concurrency concurrency-mps.json
+fi
+factors=$CHECK_DIR/concurrency-$([ "$MPS_ON" = 1 ] && echo mps || echo nomps).json
+concurrency_option=()  # the measurement under the MPS setting the trainings run under
+[ -f "$factors" ] && concurrency_option=(--concurrency "$factors")
+
+echo "== 4. plan ($(minutes_left) min left)"
 python3 tools/gpu/plan.py --minutes "$(minutes_left)" --check "$CHECK_DIR/check_graphs.json" \
-    --ms "${UPDATE_MS:-0}" --extra "${extra[@]}" --targets "$OUT/targets.txt" \
-    --stages "$OUT/stages.txt" --narrowed params.planned.yaml
+    --ms "${UPDATE_MS:-0}" "${concurrency_option[@]}" --extra "${extra[@]}" \
+    --targets "$OUT/targets.txt" --stages "$OUT/stages.txt" --narrowed params.planned.yaml
 mapfile -t targets <"$OUT/targets.txt"
 
-echo "== 4. train and evaluate ($(minutes_left) min left)"
+echo "== 5. train and evaluate ($(minutes_left) min left)"
 within_minutes() {
     local left=$(( deadline - $(date +%s) ))
     (( left > 0 )) || return 124
