@@ -170,6 +170,22 @@ def test_unknowns_check(tiny, precision_check):
             assert total == count and lacks <= total and right <= total  # a copy each <unk>
 
 
+def test_update_ops():
+    """Operators an update, by phase, on the GPU's attention path and the CPU's."""
+    counts = {}
+    for path in ("fused", "cpu"):
+        out = tool("update_ops.py", "--path", path, "--d-model", 16)
+        assert re.search(rf"^recipe published \(6\+6 layers, 8 heads\), {path} path: ", out, re.M)
+        rows = re.findall(r"^  (\w+) +(\d+): forward\+loss (\d+), backward (\d+), "
+                          r"norm\+clip\+adam (\d+)$", out, re.M)
+        assert [row[0] for row in rows] == ["baseline", "scratch", "decoder_only"], out
+        for name, total, *phases in rows:
+            assert int(total) == sum(map(int, phases)) and min(map(int, phases)) > 0
+            counts[path, name] = int(total)
+    for name in ("baseline", "scratch", "decoder_only"):  # dropout's own ops on the CPU's path
+        assert counts["cpu", name] > counts["fused", name]
+
+
 def test_step_profile(tiny):
     out = tool("step_profile.py", "--params", tiny["params"], "--vocab", tiny["vocab"],
                "--tokenized", tiny["tokenized"], "--steps", 2, "--repeats", 1)
