@@ -170,6 +170,17 @@ def test_unknowns_check(tiny, precision_check):
             assert total == count and lacks <= total and right <= total  # a copy each <unk>
 
 
+def test_save_cost(tiny, tmp_path):
+    out = tool("save_cost.py", "--params", tiny["params"], "--tokenized", tiny["tokenized"],
+               "--vocab", tiny["vocab"], "--results", tmp_path, "--repeats", 2)
+    assert re.search(r"^recipe published, scratch: [\d,]+ parameters, a resume state of [\d,]+ "
+                     r"MB, 2 saves$", out, re.M), out
+    waits, whole = (float(re.search(rf"^  {what} +([\d.]+) s \(median; ", out, re.M)[1])
+                    for what in ("the loop waits", "the whole write"))
+    assert 0 <= waits <= whole, out
+    assert list(tmp_path.iterdir()) == []  # its temporary run folder is gone
+
+
 def test_update_ops():
     """Operators an update, by phase, on the GPU's attention path and the CPU's."""
     counts = {}
