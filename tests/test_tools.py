@@ -243,6 +243,22 @@ def test_plan_takes_the_published_pair_first_then_what_fits():
     assert [c.run for c in gpu_plan.plan(candidates, 50)] == published[:2]
 
 
+def test_plan_takes_a_recipe_seed_by_seed_and_narrows_to_whole_seeds():
+    models, seeds = ("baseline", "scratch", "decoder_only"), (0, 1, 2)
+    study = [Run(recipe, m, s) for recipe in ("published", "tuned") for m in models
+             for s in seeds]  # as nmt.core.runs.runs lists them: model by model
+    order = gpu_plan.in_priority(study, [])
+    assert order[:6] == [Run("published", "baseline", 0), Run("published", "scratch", 0),
+                         Run("published", "decoder_only", 0), Run("published", "baseline", 1),
+                         Run("published", "scratch", 1), Run("published", "decoder_only", 1)]
+    assert order[9:12] == [Run("tuned", m, 0) for m in models] and len(order) == 18
+    params = {"pipeline": {"recipes": ["published", "tuned"], "models": list(models),
+                           "seeds": list(seeds)}}
+    assert gpu_plan.covered(params, order[:8]) == (["published"], [0, 1])  # s2: 2 of 3 models
+    assert gpu_plan.covered(params, order[:12]) == (["published"], [0, 1, 2])  # 3 > 2 x 1
+    assert gpu_plan.covered(params, order[:2]) == ([], [])
+
+
 def test_plan_ms_per_update(tmp_path):
     assert gpu_plan.ms_per_update(None, 5.1) == (5.1, "given (--ms)")
     assert gpu_plan.ms_per_update(tmp_path / "absent.json")[0] == gpu_plan.UNMEASURED_MS
@@ -283,7 +299,7 @@ def test_plan_narrows_to_the_recipes_trained_whole(tiny, tmp_path):
         f"{stage}@{run}-0" for run in ("published-baseline", "published-scratch", "demo-baseline")
         for stage in ("train", "evaluate")]
     narrowed = yaml.safe_load((tmp_path / "narrowed.yaml").read_text())
-    assert narrowed["pipeline"]["recipes"] == ["published"]
+    assert (narrowed["pipeline"]["recipes"], narrowed["pipeline"]["seeds"]) == (["published"], [0])
 
 
 

@@ -20,15 +20,16 @@ seconds add up (the H100 and H200 runs so far: four at once ~20 s an epoch each,
 
 Runs are taken in priority order: the published recipe's baseline and scratch first (the
 comparison this project exists for), then the rest of that recipe's runs, then the --extra runs
-(a second seed, say), then the other recipes' runs of params.yaml's pipeline; a run that does
-not fit is left out and the next is tried. Prints the plan as a table and one line saying
-whether the whole pipeline fits; --targets writes the Snakemake targets, one a line (each
-planned run's evaluation, the bench, and the report when every run of the pipeline is in). When
-only some recipes' runs are all in, --narrowed writes params.yaml with pipeline.recipes cut to
-those recipes (the report of what was trained: `nmt --params FILE report`), and --stages the
-DVC stages of the planned runs (what `dvc commit` can record). tools/gpu/run.sh runs it (step
-4, with step 3's concurrency JSON where it ran; docs/gpu.md): its plan chose the runs that
-reports/h200-published/ holds and narrowed that report to the published recipe.
+(a second seed, say), then the other recipes' runs of params.yaml's pipeline, each recipe's seed
+by seed; a run that does not fit is left out and the next is tried. Prints the plan as a table
+and one line saying whether the whole pipeline fits; --targets writes the Snakemake targets, one
+a line (each planned run's evaluation, the bench, and the report when every run of the pipeline
+is in). When only some runs are in, --narrowed writes params.yaml with pipeline.recipes and
+pipeline.seeds cut to the recipes and seeds trained whole (the report of what was trained: `nmt
+--params FILE report`), and --stages the DVC stages of the planned runs (what `dvc commit`
+can record). tools/gpu/run.sh runs it (step 4, with step 3's concurrency JSON where it ran;
+docs/gpu.md): its plan chose the runs that reports/h200-published/ holds and narrowed that
+report to the published recipe.
 tests/test_tools.py checks its choices, and runs it on a tiny params file and data.
 """
 
@@ -153,11 +154,32 @@ def ms_per_update(check: Path | None, given: float = 0.0) -> tuple[float, str]:
 
 def in_priority(pipeline_runs: list[Run], extra: list[Run]) -> list[Run]:
     """FIRST, the rest of its recipe's runs, extra (asked for by name: a second seed of the
-    comparison, say), then the other recipes' runs as params.yaml lists them."""
+    comparison, say), then the other recipes' runs; within a recipe seed by seed (each seed's
+    models together), so that what fits is whole seeds of the comparison, not one model's
+    three seeds and its twin's one."""
+    seeds = list(dict.fromkeys(run.seed for run in pipeline_runs))
+    by_seed = sorted(pipeline_runs, key=lambda run: seeds.index(run.seed))  # stable: models
     ordered = [run for run in FIRST if run in pipeline_runs]
-    ordered += [run for run in pipeline_runs if run.recipe == FIRST[0].recipe]
-    ordered += extra + pipeline_runs
+    ordered += [run for run in by_seed if run.recipe == FIRST[0].recipe]
+    ordered += extra
+    ordered += [run for recipe in dict.fromkeys(run.recipe for run in pipeline_runs)
+                for run in by_seed if run.recipe == recipe]
     return list(dict.fromkeys(ordered))  # each once, in that order
+
+
+def covered(params: dict, planned: list[Run]) -> tuple[list[str], list[int]]:
+    """The recipes and seeds of the pipeline whose every run is planned, chosen to cover the
+    most runs (more seeds first among equals: they are what the verdict rests on); ([], [])
+    when none is whole."""
+    pipeline, best = params["pipeline"], ([], [])
+    for kept in range(len(pipeline["seeds"]), 0, -1):
+        seeds = pipeline["seeds"][:kept]
+        recipes = [recipe for recipe in pipeline["recipes"]
+                   if all(Run(recipe, model, seed) in planned
+                          for model in pipeline["models"] for seed in seeds)]
+        if len(recipes) * kept > len(best[0]) * len(best[1]):
+            best = (recipes, seeds)
+    return best
 
 
 def plan(candidates: list[Planned], seconds: float,
@@ -234,14 +256,13 @@ def main() -> int:
     if args.stages:
         args.stages.write_text("".join(f"{stage}@{c.run.recipe}-{c.run.model}-{c.run.seed}\n"
                                        for c in chosen for stage in ("train", "evaluate")))
-    complete = [recipe for recipe in params["pipeline"]["recipes"]
-                if all(run in [c.run for c in chosen] for run in pipeline_runs
-                       if run.recipe == recipe)]
-    if args.narrowed and complete and not whole:
+    recipes, seeds = covered(params, [c.run for c in chosen])
+    if args.narrowed and recipes and not whole:
         narrowed = read_yaml(args.params.read_text())
-        narrowed["pipeline"]["recipes"] = complete
+        narrowed["pipeline"].update(recipes=recipes, seeds=seeds)
         args.narrowed.write_text(yaml.safe_dump(narrowed, sort_keys=False))
-        print(f"plan: the report covers recipe(s) {', '.join(complete)} ({args.narrowed})")
+        print(f"plan: the report covers recipe(s) {', '.join(recipes)}, seed(s) "
+              f"{', '.join(map(str, seeds))} ({args.narrowed})")
     return 0
 
 
