@@ -108,7 +108,8 @@ def fake_run(params: dict, run: Run, results: Path, data: dict) -> None:
         "decode_precision": "bf16", "decode_precision_reason": "auto: a CUDA GPU with bf16 "
         "tensor cores", "compile": True, "compile_seconds": 41.5, "compiled_graphs": 1,
         "cuda_graphs": 0, "peak_memory_mb": 5120.0, "peak_memory_of": "cuda max_memory_allocated",
-        "config": {}})
+        "config": {}} | ({"seconds": {"wall": 60.0 * epochs + 9, "epochs": 50.0 * epochs}}
+                          if run.seed == 0 else {}))  # runs trained before it lack it
 
 
 def fake_tree(root: Path, mirror: Path, recipes, models, seeds, testsets) -> tuple[dict, dict]:
@@ -276,8 +277,12 @@ def test_sections_and_setup_follow_params(full):
     assert "training batches: random 42.7%, bucketed 6.1%." in text  # bench.json's padding
     # The device report: what trained, in which precision, compiled how fast, in how much memory
     assert "Trained on: NVIDIA H100 80GB HBM3 (peak memory: cuda max_memory_allocated)" in text
-    assert re.search(r"\| precision +\| +compile s +\| +CUDA graphs +\| +peak MB +\|", text)
-    assert re.search(r"\| bf16 +\| +41\.500 +\| +0 +\| +5120\.000 +\|", text)
+    assert re.search(r"\| wall s +\| +epochs s +\| precision +\| +compile s +\| +CUDA graphs "
+                     r"+\| +peak MB +\|", text)
+    timed = re.findall(r"\| ([\d.]+) +\| ([\d.]+) +\| bf16 +\| +41\.500 +\| +0 +\| +5120\.000 +\|",
+                       text)  # the seed-0 runs: their wall time beside their epochs'
+    assert timed and all(float(wall) == float(epochs) / 50 * 60 + 9 for wall, epochs in timed)
+    assert re.search(r"\| - +\| - +\| bf16 +\| +41\.500 +\|", text)  # runs without them
     assert ("Precision: decoding in bf16 (auto: a CUDA GPU with bf16 tensor cores); training in "
             "bf16 (auto: a CUDA GPU with bf16 tensor cores).") in text
 

@@ -608,6 +608,9 @@ def training_section(inp: Inputs, figures: dict[str, str]) -> list[str]:
     lines = ["## Training", "", f"![loss curves](figures/{figures['loss']})", "",
              "Per epoch: the learning rate, the mean gradient norm of the epoch's updates "
              "(before clipping), seconds and tokens a second.", "",
+             "In the table below, `wall s` is a run's whole training, from each of its "
+             "processes' start to its outputs, and `epochs s` the sum of its epochs (the "
+             "updates); train.json's `seconds` says where the rest went.", "",
              f"![training curves](figures/{figures['training']})", ""]
     speed = pd.DataFrame([
         {"run": run.name, "device": r["train"]["device"], "epochs": r["train"]["epochs"],
@@ -620,9 +623,11 @@ def training_section(inp: Inputs, figures: dict[str, str]) -> list[str]:
 
 
 def machine_columns(summary: dict) -> dict:
-    """train.json's device report as table columns ("-" for a run trained before it)."""
-    compiled = summary.get("compile")
-    return {"precision": summary.get("precision", "-"),
+    """train.json's device report as table columns ("-" for a run trained before it): the
+    run's wall time beside its epochs' sum among them."""
+    compiled, seconds = summary.get("compile"), summary.get("seconds", {})
+    return {"wall s": seconds.get("wall", "-"), "epochs s": seconds.get("epochs", "-"),
+            "precision": summary.get("precision", "-"),
             "compile s": summary.get("compile_seconds", "-") if compiled else "off",
             "CUDA graphs": summary.get("cuda_graphs", "-"),
             "peak MB": summary.get("peak_memory_mb", "-")}
