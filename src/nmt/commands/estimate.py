@@ -3,8 +3,10 @@
 It reads the precision calibration (nmt.training.precision: an update of each model at the
 recipe's sizes, timed in fp32 and in bf16, measured once a machine and cached; measured here
 where it is not cached yet), takes the precision `auto` chooses from it, and gives each
-model's minutes: train.max_updates x the calibrated update x WHOLE_OVER_CALIBRATED, what
-validation, the data and real batch shapes add (measured on whole demo trainings). `make demo`
+model's minutes: train.max_updates x the calibrated update (its median; scaled to the
+recipe's batch where that is over the calibration's MAX_CALIBRATION_TOKENS) x
+WHOLE_OVER_CALIBRATED, what validation, the data and real batch shapes add (measured on whole
+demo trainings). `make demo`
 prints it before it trains. Before the vocabulary exists (a fresh clone), the sizes are
 guessed: the BPE size, or GUESSED_WORDS words a side.
 """
@@ -23,7 +25,13 @@ from nmt.core.runtime import device_name
 from nmt.models import MODELS
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
-from nmt.training.precision import Workload, calibration, choose
+from nmt.training.precision import (
+    SENTENCE_TOKENS,
+    Workload,
+    batch_sentences,
+    calibration,
+    choose,
+)
 
 log = logging.getLogger("nmt.estimate")
 
@@ -62,13 +70,21 @@ def estimate(settings: dict, recipe: str, models: list[str], vocab: Path) -> lis
     sizes, known = vocab_sizes(settings, vocab)
     device = torch.device("cpu")
     work = Workload.of(settings, *sizes, "train")
-    choice, seconds = choose(settings["train"]["precision"], device, work), calibration(work)
+    timings = calibration(work)
+    choice = choose(settings["train"]["precision"], device, work, timings)
+    # The calibration's batch holds at most MAX_CALIBRATION_TOKENS: an update of the recipe's
+    # batch takes about as much longer as it holds more tokens.
+    scale = batch_sentences(settings) / work.sentences
+    seconds = {m: {p: scale * s for p, s in timings[m].seconds.items()} for m in timings}
     lines = [f"nmt estimate: recipe {recipe} on {device_name(device)}, "
              f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}",
              f"training in {choice.precision}: {choice.reason}"]
     if settings["train"]["device"] != "cpu" and torch.cuda.is_available():
         lines.append("(a CUDA GPU is visible, and training will run there: these figures are "
                      "the CPU's; nmt train prints its own estimate after 20 updates)")
+    if scale > 1:
+        lines.append(f"(an update timed on {work.sentences * SENTENCE_TOKENS:,} tokens and "
+                     f"scaled to the recipe's {batch_sentences(settings) * SENTENCE_TOKENS:,})")
     if not known:
         lines.append(f"(vocabularies not built yet: {sizes[0]:,} and {sizes[1]:,} entries "
                      "assumed; training measures again at their real sizes)")
