@@ -4,9 +4,15 @@ Both models hold the same weights (through the state-dict mapping), so they do t
 Training: the same batches through both models, each an update nmt train makes (one function
 builds both: nmt.training.step.updater, with the recipe's label smoothing, clipping, Adam and
 lr schedule), in target tokens per second.
-Decoding: the same test sentences, greedy and beam search, in sentences per second. Each
-figure is the median of several repeats that alternate between the models, after an untimed
-warm-up pass. Ratios are scratch / baseline: > 1 means the scratch model is faster. Training
+Decoding: the same test sentences, greedy and beam search, in sentences per second. The
+models alternate step by step (a training update, a decoding batch: the same work through one
+model, then through the other, the order swapped each pair), after an untimed warm-up pass; each
+model's figure is its median over the repeats. Ratios are scratch / baseline (> 1: the scratch
+model is faster), the median of the per-pair ratios: load that comes and goes hits both steps of
+a pair alike, where timing one model's whole pass and then the other's let a neighbour's job
+move a ratio 4x (issue 58). bench.json's ratio_spread gives each ratio's interquartile range
+and spread (that range over the median); one over MAX_RATIO_SPREAD is said not to be trusted,
+in bench.json and in the printed table. Training
 steps and decoding run in the recipe's train.precision as nmt train and evaluate resolve it
 (decoding on a CPU: fp32 under `auto`), and the steps on batches padded to train.pad_multiple
 as nmt train resolves it (`auto`: 8 where the steps replay as CUDA graphs); bench.json
@@ -20,6 +26,7 @@ reports peak memory.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
 import time
@@ -59,6 +66,10 @@ BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
 # of one calibration varied between processes: 179-322 GFLOP/s fp32, 844-2,150 bf16.
 CALIBRATION_SIZE, CALIBRATION_SECONDS = 2048, 0.5
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# A ratio is reported as not to be trusted where the interquartile range of its per-pair ratios
+# is more than this share of their median (docs/cpu-and-precision.md: 2-14 % on this shared VM,
+# while another job came and went; precision.py's MAX_SPREAD for its ratios is the same).
+MAX_RATIO_SPREAD = 0.2
 
 
 def sync(device: torch.device) -> None:
@@ -122,35 +133,78 @@ def make_update(model, settings: dict, device, precision: str, graphs: bool,
                    precision=precision, total_updates=updates, graphs_on=graphs)
 
 
-def decoder(model, sources, device, dc: DecodeConfig, precision: str = "fp32"):
-    """A function that decodes every source once, batched as nmt evaluate does, in
-    `precision` (as evaluate decodes: nmt.training.precision's choice for decoding)."""
+def decoder_steps(model, sources, device, dc: DecodeConfig, precision: str = "fp32") -> list:
+    """Functions that each decode one batch of the sources, batched as nmt evaluate batches
+    them (longest first, dc.batch_size a batch), in `precision` (as evaluate decodes:
+    nmt.training.precision's choice for decoding)."""
+    longest_first = sorted(sources, key=lambda pair: -len(pair[0]))
+    batches = [longest_first[start:start + dc.batch_size]
+               for start in range(0, len(longest_first), dc.batch_size)]
 
-    def decode():
+    def step(batch):
         with autocast(device, precision):
-            translate_batches(model, sources, dc, progress=False)
+            translate_batches(model, batch, dc, progress=False)
 
-    return decode
+    return [functools.partial(step, batch) for batch in batches]
 
 
-def interleaved(runs: dict, repeats: int, device) -> tuple[dict, dict]:
-    """Median seconds of each run, repeats alternating between runs so that drift in the
-    machine's speed (other load, clocks) hits all of them alike; also peak memory (CUDA)."""
-    times, peak = {name: [] for name in runs}, {name: 0 for name in runs}
-    for run in runs.values():  # an untimed warm-up pass: allocator, kernel selection
-        run()
-    for _ in range(repeats):
-        for name, run in runs.items():
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            sync(device)
-            start = time.perf_counter()
-            run()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-            if device.type == "cuda":
-                peak[name] = max(peak[name], torch.cuda.max_memory_allocated(device))
-    return {name: statistics.median(t) for name, t in times.items()}, peak
+@dataclass(frozen=True)
+class Paired:
+    """Two models' timings, step by step: their seconds and the per-pair ratios."""
+
+    seconds: dict[str, float]  # each model's median over the repeats of a pass over its steps
+    ratios: list[float]  # per pair: the first model's seconds over the second's (its speed ratio)
+    peak: dict[str, int]  # CUDA peak memory of each model's steps (bytes); 0 elsewhere
+
+    def ratio_spread(self) -> dict:
+        """The ratios' median, quartiles and spread (interquartile range over the median), and
+        whether the spread is within MAX_RATIO_SPREAD."""
+        median = statistics.median(self.ratios)
+        if len(self.ratios) > 1:
+            first, _, third = statistics.quantiles(self.ratios, n=4, method="inclusive")
+        else:
+            first = third = median
+        spread = (third - first) / median
+        return {"median": round(median, 3), "quartiles": [round(first, 3), round(third, 3)],
+                "spread": round(spread, 3), "pairs": len(self.ratios),
+                "trusted": spread <= MAX_RATIO_SPREAD}
+
+
+def interleaved(steps: dict[str, list], repeats: int, device,
+                clock=time.perf_counter) -> Paired:
+    """Two models' steps (step i of each does the same work), timed alternately step by step:
+    step i of one model, then of the other, the order swapped each pair, so that load which
+    comes and goes (other jobs, clocks) hits both steps of a pair alike. Each step is timed on
+    its own (`clock`: the tests plant one); an untimed warm-up pass over all steps comes first."""
+    names = list(steps)
+    assert len(names) == 2, "interleaved times two models against each other"
+    count = len(steps[names[0]])
+    for name in names:  # an untimed warm-up pass: allocator, kernel selection
+        for step in steps[name]:
+            step()
+    totals: dict[str, list[float]] = {name: [] for name in names}
+    peak, ratios = {name: 0 for name in names}, []
+    for repeat in range(repeats):
+        spent = {name: 0.0 for name in names}
+        for index in range(count):
+            order = names if (repeat * count + index) % 2 == 0 else names[::-1]
+            pair = {}
+            for name in order:
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                sync(device)
+                start = clock()
+                steps[name][index]()
+                sync(device)
+                pair[name] = clock() - start
+                if device.type == "cuda":
+                    peak[name] = max(peak[name], torch.cuda.max_memory_allocated(device))
+            ratios.append(pair[names[0]] / pair[names[1]])
+            for name in names:
+                spent[name] += pair[name]
+        for name in names:
+            totals[name].append(spent[name])
+    return Paired({name: statistics.median(t) for name, t in totals.items()}, ratios, peak)
 
 
 @dataclass(frozen=True)
@@ -197,17 +251,26 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
     precision, decoding = chosen["train"].precision, chosen["decode"].precision
     out |= recorded(chosen)
     # Decoding first, from the shared untrained weights: every sentence runs to its limit.
+    spreads = {}
     for method in ("greedy", "beam"):
         dc = DecodeConfig.from_params(settings["evaluate"], method, cfg.max_len - 1)
-        runs = {name: decoder(m, test, device, dc, decoding) for name, m in models.items()}
-        seconds, _ = interleaved(runs, plan.repeats, device)
-        out[method] = {name: round(len(test) / s, 2) for name, s in seconds.items()}
+        timed_decoding = interleaved({name: decoder_steps(m, test, device, dc, decoding)
+                                      for name, m in models.items()}, plan.repeats, device)
+        out[method] = {name: round(len(test) / s, 2)
+                       for name, s in timed_decoding.seconds.items()}
+        spreads[method] = timed_decoding.ratio_spread()
     updates = {name: make_update(m.train(), settings, device, precision, graphs,
                                  len(timed) * (plan.repeats + 1))
                for name, m in models.items()}
-    out |= training_speed(updates, timed, plan.repeats, device, cfg, len(tgt_codec))
+    speed, spreads["train"] = training_speed(updates, timed, plan.repeats, device, cfg,
+                                             len(tgt_codec))
+    out |= speed
+    # The ratios (scratch / baseline) are the per-pair medians, not the quotient of the two
+    # medians above: those each carry the load of their own moments.
     for key in ("train", "greedy", "beam"):
-        out[key]["ratio"] = round(out[key]["scratch"] / out[key]["baseline"], 3)
+        out[key]["ratio"] = spreads[key].pop("median")
+    out["ratio_spread"] = {key: spreads[key] for key in ("train", "greedy", "beam")}
+    out["ratio_max_spread"] = MAX_RATIO_SPREAD
     print_speeds(out)
     if paths.json:
         write_json(paths.json, out)
@@ -265,17 +328,20 @@ def twin_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, devi
 
 
 def training_speed(updates: dict[str, Updater], timed: list, repeats: int, device,
-                   cfg: ModelConfig, tgt_vocab_size: int) -> dict:
+                   cfg: ModelConfig, tgt_vocab_size: int) -> tuple[dict, dict]:
     """Training tokens/s, peak memory (CUDA) and MFU of each model's updates on the timed
     batches, in their precision, replayed as CUDA graphs where nmt train would (eagerly, with a
     warning, if a capture fails: the untimed pass finds it; `cuda_graphs` says which was
-    timed). MFU is of the peak of the precision trained in (peak_flops; none without one)."""
+    timed). MFU is of the peak of the precision trained in (peak_flops; none without one).
+    Also the per-pair ratio's spread (Paired.ratio_spread): the models alternate update by
+    update, each update on the same batch through both."""
     # The peak is measured before and after the updates, the higher kept: on a shared machine
     # one calibration can catch a slow moment.
     before = peak_flops(device)
-    runs = {name: (lambda update=update: [update([(src, tgt, True)]) for src, tgt in timed])
-            for name, update in updates.items()}
-    seconds, peak = interleaved(runs, repeats, device)
+    steps = {name: [functools.partial(update, [(src, tgt, True)]) for src, tgt in timed]
+             for name, update in updates.items()}
+    timed_training = interleaved(steps, repeats, device)
+    seconds, peak = timed_training.seconds, timed_training.peak
     precision = next(iter(updates.values())).config.precision
     tokens = sum(int((tgt[:, 1:] != PAD_ID).sum()) for _, tgt in timed)
     flops, after = train_flops(cfg, tgt_vocab_size, timed), peak_flops(device)
@@ -291,17 +357,22 @@ def training_speed(updates: dict[str, Updater], timed: list, repeats: int, devic
             "peak_measured": device.type == "cpu",
             "mfu": {n: round(flops / s / top, 4) for n, s in seconds.items()} if top else {},
             "cuda_graphs": all(u.graphs is not None for u in updates.values()),
-            **({"cuda_graphs_failed": failed} if failed else {})}
+            **({"cuda_graphs_failed": failed} if failed else {})}, timed_training.ratio_spread()
 
 
 def print_speeds(out: dict) -> None:
     print(f"\nnmt bench: {out['device']}, recipe {out['recipe']}, {out['steps']} training steps, "
           f"{out['sentences']} sentences decoded in {out['decode_precision']}")
-    print(f"{'':26}{'baseline':>12}{'scratch':>12}{'scratch/baseline':>18}")
+    print(f"{'':26}{'baseline':>12}{'scratch':>12}{'scratch/baseline':>18}   (median of "
+          f"{out['ratio_spread']['train']['pairs']} update pairs; decoding: of batch pairs)")
     for key, label in (("train", "train tokens/s"), ("greedy", "greedy sentences/s"),
                        ("beam", "beam sentences/s")):
-        v = out[key]
-        print(f"{label:26}{v['baseline']:>12,.1f}{v['scratch']:>12,.1f}{v['ratio']:>18.2f}")
+        v, spread = out[key], out["ratio_spread"][key]
+        print(f"{label:26}{v['baseline']:>12,.1f}{v['scratch']:>12,.1f}{v['ratio']:>18.2f}"
+              f"   quartiles {spread['quartiles'][0]:.2f}-{spread['quartiles'][1]:.2f}"
+              + ("" if spread["trusted"] else
+                 f", spread {spread['spread']:.0%}: NOT TRUSTED (over "
+                 f"{out['ratio_max_spread']:.0%}; other load on the machine? run it again)"))
     print("padding (an epoch's batches): " + ", ".join(
         f"{kind} {share:.1%}" for kind, share in out["padding"].items()))
     print(f"padding (the timed batches, lengths a multiple of {out['pad_multiple']}): "
