@@ -10,7 +10,7 @@ and train's validation decode.
 
 A measurement is trusted only when it is sound (issue 58): each model's fp32 and bf16 passes
 alternate, pair by pair, and the pair's ratio (fp32 seconds over bf16 seconds, two passes a
-moment apart) is what counts; its median over PAIRS pairs is the model's speedup, and the
+moment apart) is what counts; its median over 3-5 pairs is the model's speedup, and the
 interquartile range of the ratios over that median its spread. Where any model's spread is over
 MAX_SPREAD (other load came and went during the passes), the measurement is inconclusive: the
 run takes fp32, says so in its precision_reason, and nothing is cached (the next run measures
@@ -59,16 +59,15 @@ PRECISIONS = ("fp32", "bf16")
 # least this: fp32 is the reference and bf16 rounds, so it must pay clearly.
 BF16_MIN_SPEEDUP = 1.1
 # The calibration of each model: one untimed pass in each precision (allocator, oneDNN's kernel
-# choice), then PAIRS timed pairs, the order within a pair swapped each time (fp32 first, then
-# bf16 first) so that a machine speeding up or slowing down favours neither. Where the first
-# DECISIVE_PAIRS pairs all agree DECISIVE-fold with little spread (bf16 emulated without
-# AVX512-BF16: 10-17x slower), they are the measurement: more passes would cost a minute and
-# decide nothing.
-PAIRS, DECISIVE_PAIRS, DECISIVE = 5, 3, 3.0
+# choice), then pairs of timed passes, the order within a pair swapped each time (fp32 first,
+# then bf16 first) so that a machine speeding up or slowing down favours neither: MIN_PAIRS of
+# them where those agree (little spread, all on one side of BF16_MIN_SPEEDUP), else PAIRS.
+MIN_PAIRS, PAIRS = 3, 5
 # A model's measurement is noisy where the interquartile range of its per-pair ratios is more
-# than this share of their median. On this repository's 2-core VM, shared with other jobs, sound
-# measurements spread 1-13 % (demo size, 12 calibrations of 3 models); a load burst during one
-# precision's passes gives tens of percent (docs/cpu-and-precision.md).
+# than this share of their median. A quiet machine's calibration moved by about 5 % between
+# runs (issue 48); on this repository's 2-core VM shared with other jobs (load 6-9), each of 6
+# demo-size calibrations (3 train, 3 decode) had models at 24-275 %, per-pair ratios 0.06-12x
+# (docs/cpu-and-precision.md).
 MAX_SPREAD = 0.2
 # A calibration update holds at most this many tokens (the demo's and tuned recipes' batch):
 # a larger batch would not change which precision is faster, only cost minutes and memory
@@ -292,7 +291,7 @@ def entry_of(timings: dict[str, Timing]) -> dict:
 
 def timings_of(entry: dict) -> dict[str, Timing]:
     """The Timing of each model in a cache entry; ValueError for anything but every model's
-    pairs of two positive, finite seconds (at least DECISIVE_PAIRS of them), and for an
+    pairs of two positive, finite seconds (at least MIN_PAIRS of them), and for an
     inconclusive mark that is not `true` with the time it was measured."""
     if "inconclusive" in entry and not (entry["inconclusive"] is True and isinstance(
             entry.get("measured"), str) and datetime.fromisoformat(entry["measured"]).tzinfo):
@@ -303,7 +302,7 @@ def timings_of(entry: dict) -> dict[str, Timing]:
     timings = {}
     for name in MODELS:
         model_pairs = pairs[name]
-        if not isinstance(model_pairs, list) or len(model_pairs) < DECISIVE_PAIRS:
+        if not isinstance(model_pairs, list) or len(model_pairs) < MIN_PAIRS:
             raise ValueError(f"{name}: not a list of pairs")
         for pair in model_pairs:
             if not (isinstance(pair, list) and len(pair) == 2 and all(
@@ -400,8 +399,8 @@ def locked(path: Path):
 
 def measure(workload: Workload) -> dict[str, Timing]:
     """{model: Timing} of the workload on the CPU: for each model, an untimed pass in each
-    precision, then PAIRS pairs of timed passes that alternate (the order swapped each pair),
-    or DECISIVE_PAIRS where those already agree DECISIVE-fold with little spread."""
+    precision, then pairs of timed passes that alternate (the order swapped each pair):
+    MIN_PAIRS where those are settled, else PAIRS."""
     cfg = ModelConfig.from_dict(dict(workload.model))
     generator = torch.Generator().manual_seed(0)
     batch = torch.randint(4, min(workload.src_vocab, workload.tgt_vocab),
@@ -415,8 +414,8 @@ def measure(workload: Workload) -> dict[str, Timing]:
         for precision in PRECISIONS:  # untimed: allocator, kernel choice
             run(precision)
         pairs: list[tuple[float, float]] = []
-        while len(pairs) < PAIRS and not (len(pairs) == DECISIVE_PAIRS
-                                          and decisive(Timing(tuple(pairs)))):
+        while len(pairs) < PAIRS and not (len(pairs) == MIN_PAIRS
+                                          and settled(Timing(tuple(pairs)))):
             order = PRECISIONS if len(pairs) % 2 == 0 else PRECISIONS[::-1]
             seconds = {precision: timed(run, precision, name) for precision in order}
             pairs.append((round(seconds["fp32"], 6), round(seconds["bf16"], 6)))
@@ -428,10 +427,10 @@ def measure(workload: Workload) -> dict[str, Timing]:
     return timings
 
 
-def decisive(timing: Timing) -> bool:
-    """Whether every pair already says the same, DECISIVE-fold, and the pairs agree."""
-    return not timing.noisy and (min(timing.ratios) >= DECISIVE
-                                 or max(timing.ratios) <= 1 / DECISIVE)
+def settled(timing: Timing) -> bool:
+    """Whether the pairs so far agree: little spread, and all on one side of the choice."""
+    return not timing.noisy and (min(timing.ratios) >= BF16_MIN_SPEEDUP
+                                 or max(timing.ratios) < BF16_MIN_SPEEDUP)
 
 
 def timed(run, precision: str, model: str) -> float:
