@@ -33,7 +33,7 @@ from nmt.core.data import Batches, load_pairs, pad, padded_length
 from nmt.core.loss import token_loss
 from nmt.core.runs import Run
 from nmt.core.runtime import cpu_features, resolve_compile
-from nmt.models import ModelConfig, build_model
+from nmt.models import MODELS, ModelConfig, build_model
 from nmt.stages.evaluate import Paths as EvalPaths
 from nmt.stages.evaluate import evaluate
 from nmt.training import precision as precisions
@@ -197,7 +197,8 @@ def test_auto_precision_trains_and_decodes_in_what_the_calibration_found_faster(
     says which ran and why, with the measured ratio."""
     def stand_in(workload):
         wins = faster if workload.kind == "train" else {"bf16": "fp32", "fp32": "bf16"}[faster]
-        return {m: {"fp32": 1.0, "bf16": 0.5 if wins == "bf16" else 2.0} for m in ("scratch",)}
+        pair = (1.0, 0.5 if wins == "bf16" else 2.0)
+        return {m: precisions.Timing((pair,) * precisions.MIN_PAIRS) for m in MODELS}
 
     monkeypatch.setattr(precisions, "measure", stand_in)
     monkeypatch.setenv(precisions.CACHE_ENV, str(tmp_path))  # no other test's figures
@@ -205,7 +206,8 @@ def test_auto_precision_trains_and_decodes_in_what_the_calibration_found_faster(
     assert (summary["precision"], summary["decode_precision"]) == (trains_in, decodes_in)
     assert summary["bf16_speedup"] == (2.0 if trains_in == "bf16" else 0.5)
     assert summary["decode_bf16_speedup"] == (2.0 if decodes_in == "bf16" else 0.5)
-    assert re.search(r"auto: an update of the recipe's models ran [.0-9]+x as fast in bf16",
+    assert re.search(r"auto: an update ran baseline [.0-9]+x \(spread 0%\), scratch [.0-9]+x "
+                     r"\(spread 0%\), decoder_only [.0-9]+x \(spread 0%\) as fast in bf16",
                      summary["precision_reason"])
     assert summary["decode_precision_reason"].startswith("auto: greedy decoding")
 

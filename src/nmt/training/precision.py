@@ -64,8 +64,8 @@ BF16_MIN_SPEEDUP = 1.1
 # them where those agree (little spread, all on one side of BF16_MIN_SPEEDUP), else PAIRS.
 MIN_PAIRS, PAIRS = 3, 5
 # A model's measurement is noisy where the interquartile range of its per-pair ratios is more
-# than this share of their median. A quiet machine's calibration moved by about 5 % between
-# runs (issue 48); on this repository's 2-core VM shared with other jobs (load 6-9), each of 6
+# than this share of their median. The single-pass calibration's ratio moved by about 0.05
+# between quiet runs; on this repository's 2-core VM shared with other jobs (load 6-9), each of 6
 # demo-size calibrations (3 train, 3 decode) had models at 24-275 %, per-pair ratios 0.06-12x
 # (docs/cpu-and-precision.md).
 MAX_SPREAD = 0.2
