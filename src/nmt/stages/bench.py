@@ -67,8 +67,8 @@ BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
 CALIBRATION_SIZE, CALIBRATION_SECONDS = 2048, 0.5
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # A ratio is reported as not to be trusted where the interquartile range of its per-pair ratios
-# is more than this share of their median (docs/cpu-and-precision.md: 2-14 % on this shared VM,
-# while another job came and went; precision.py's MAX_SPREAD for its ratios is the same).
+# is more than this share of their median: the threshold precision.py's calibration trusts its
+# ratios to (MAX_SPREAD; what this shared VM gave: docs/cpu-and-precision.md).
 MAX_RATIO_SPREAD = 0.2
 
 
@@ -175,7 +175,8 @@ def interleaved(steps: dict[str, list], repeats: int, device,
     """Two models' steps (step i of each does the same work), timed alternately step by step:
     step i of one model, then of the other, the order swapped each pair, so that load which
     comes and goes (other jobs, clocks) hits both steps of a pair alike. Each step is timed on
-    its own (`clock`: the tests plant one); an untimed warm-up pass over all steps comes first."""
+    its own (`clock`: the tests plant one), on CUDA between synchronizations (a step's launch
+    cannot overlap the step before); an untimed warm-up pass over all steps comes first."""
     names = list(steps)
     assert len(names) == 2, "interleaved times two models against each other"
     count = len(steps[names[0]])
