@@ -164,9 +164,9 @@ class Paired:
             first, _, third = statistics.quantiles(self.ratios, n=4, method="inclusive")
         else:
             first = third = median
-        spread = (third - first) / median
+        spread = round((third - first) / median, 3)  # trusted or not as bench.json shows it
         return {"median": round(median, 3), "quartiles": [round(first, 3), round(third, 3)],
-                "spread": round(spread, 3), "pairs": len(self.ratios),
+                "spread": spread, "pairs": len(self.ratios),
                 "trusted": spread <= MAX_RATIO_SPREAD}
 
 
@@ -372,7 +372,7 @@ def print_speeds(out: dict) -> None:
         print(f"{label:26}{v['baseline']:>12,.1f}{v['scratch']:>12,.1f}{v['ratio']:>18.2f}"
               f"   quartiles {spread['quartiles'][0]:.2f}-{spread['quartiles'][1]:.2f}"
               + ("" if spread["trusted"] else
-                 f", spread {spread['spread']:.0%}: NOT TRUSTED (over "
+                 f", spread {spread['spread']:.1%}: NOT TRUSTED (over "
                  f"{out['ratio_max_spread']:.0%}; other load on the machine? run it again)"))
     print("padding (an epoch's batches): " + ", ".join(
         f"{kind} {share:.1%}" for kind, share in out["padding"].items()))
