@@ -3,6 +3,7 @@ tokenization (any process count), tokenize.words: false, vocab.bpe_sample, nmt b
 
 import hashlib
 import json
+import logging
 import random
 from types import SimpleNamespace
 
@@ -271,3 +272,22 @@ def test_bench_data_without_the_multi30k_files_is_one_line(params_file, tmp_path
     assert err == (f"nmt bench: error: {tmp_path / 'empty'} lacks the Multi30k raw files (train, "
                    "val, test_2016_flickr; de, en) (fix: run `nmt download` first, or give --raw "
                    "a folder holding them)")
+
+
+def test_pairs_cut_to_max_len_are_counted_once(prepared, caplog):
+    """Multi30k's val split at max_len 12: the pairs with a side of more than 10 tokens are
+    cut, and one warning says how many, on which side; at 256 none is and nothing is said."""
+    codecs = load_codecs(prepared["word"])
+    with caplog.at_level(logging.WARNING, logger="nmt.data"):
+        whole = load_pairs(prepared["tokenized"], "val", *codecs, 256)
+        assert caplog.records == []
+        cut = load_pairs(prepared["tokenized"], "val", *codecs, 12)
+    longer = [(len(s) > 12, len(t) > 12) for s, t in whole]
+    both = sum(a or b for a, b in longer)
+    sources, targets = (sum(side) for side in zip(*longer, strict=True))
+    assert 0 < both < len(whole) and len(caplog.records) == 1
+    assert caplog.records[0].getMessage() == (
+        f"val: {both} of {len(whole)} pairs are longer than model.max_len 12 allows (10 + <bos> "
+        f"and <eos>) on the source side ({sources}) or the target side ({targets}); each keeps "
+        "its first 10 tokens (fix, to keep them whole: raise model.max_len)")
+    assert max(len(s) for s, _ in cut) == 12 == max(len(t) for _, t in cut)

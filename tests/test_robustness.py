@@ -294,6 +294,18 @@ def test_latin1_file_and_stdin_are_decoded_with_one_warning(prepared, word_check
         "standard input: line 2 is not UTF-8; undecodable bytes replaced with U+FFFD"]
 
 
+def test_a_carriage_return_inside_a_line_keeps_one_output_line_for_each_input_line(
+        prepared, word_checkpoint, tmp_path, capsys):
+    """Lines end at LF (CRLF too); a lone CR inside one is a space, not two more lines."""
+    data = b"Ein Hund\rl\xc3\xa4uft.\r\nZwei M\xc3\xa4nner.\r\r\n\rGut.\n\n"
+    (tmp_path / "in.txt").write_bytes(data)
+    argv = translate_argv(word_checkpoint, prepared["word"].parent, "--file",
+                          str(tmp_path / "in.txt"))
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == data.count(b"\n") == 4 and out.split("\n")[3] == ""
+
+
 @pytest.mark.parametrize("data,why", [
     (b"\x00\x01binary\x00" * 20, "binary"),
     ("Ein Hund.\n".encode("utf-16"), "UTF-16"),

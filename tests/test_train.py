@@ -18,10 +18,21 @@ from nmt.core.data import Batches, load_pairs
 from nmt.core.errors import NmtError
 from nmt.core.loss import corpus_loss
 from nmt.core.runs import Run
+from nmt.core.runtime import ATTENTION_KERNELS_ENV, limit_attention_kernels
+from nmt.training import faults, resume
+from nmt.training import precision as precisions
 from nmt.training.loop import train
 from nmt.training.meter import expected_minutes
 from nmt.training.step import lr_factor
-from train_helpers import nmt_process, params_file, tiny_data, tiny_params, train_argv, train_paths
+from train_helpers import (
+    assert_same_outputs,
+    nmt_process,
+    params_file,
+    tiny_data,
+    tiny_params,
+    train_argv,
+    train_paths,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 RUN = Run("published", "scratch", 0)
@@ -198,3 +209,59 @@ def test_expected_minutes_line():
                            "updates left (13605 in all, 15 epochs); for a quick run use a "
                            "smaller recipe")
     assert "make demo" in note and "train.max_updates" in note
+
+
+def calibration_preferring(winner: str):
+    """A stand-in for the CPU's fp32-against-bf16 measurement that finds `winner` faster, and
+    draws from torch's generator as the real one does (it seeds and builds models)."""
+    def measure(workload):
+        torch.manual_seed(0)
+        torch.randn(1000)
+        return {"scratch": {"fp32": 1.0, "bf16": 0.5 if winner == "bf16" else 2.0}}
+    return measure
+
+
+def test_a_resumed_run_keeps_the_precision_it_began_with(data, tmp_path, monkeypatch):
+    """Between a stop and the resume the machine's measurement changes (another cache, the
+    other verdict): the run goes on in the precision it began with, says why as it began, and
+    ends where an uninterrupted run in that precision ends."""
+    monkeypatch.setattr(precisions, "measure", calibration_preferring("fp32"))
+    monkeypatch.setenv(precisions.CACHE_ENV, str(tmp_path / "cache"))
+    whole, _ = fit(data, tmp_path, "whole", precision="auto")
+    monkeypatch.setenv(faults.ENV, "step:10:TERM")  # SIGTERM after update 10 (of 21)
+    with pytest.raises(resume.Stopped):
+        fit(data, tmp_path, "stopped", precision="auto")
+    monkeypatch.delenv(faults.ENV)
+    monkeypatch.setattr(precisions, "measure", calibration_preferring("bf16"))
+    monkeypatch.setenv(precisions.CACHE_ENV, str(tmp_path / "another cache"))
+    resumed, _ = fit(data, tmp_path, "stopped", precision="auto")
+    assert resumed["precision"] == whole["precision"] == "fp32"
+    assert resumed["precision_reason"] == whole["precision_reason"]
+    assert_same_outputs(RUN.dir(tmp_path / "whole"), RUN.dir(tmp_path / "stopped"))
+
+
+def test_a_run_trains_alike_whether_its_precision_was_measured_or_cached(data, tmp_path,
+                                                                         monkeypatch):
+    """Measuring draws from torch's generators; the run's dropout masks must not see it."""
+    monkeypatch.setattr(precisions, "measure", calibration_preferring("fp32"))
+    monkeypatch.setenv(precisions.CACHE_ENV, str(tmp_path / "cache"))
+    fit(data, tmp_path, "measured", precision="auto", epochs=1)  # fills the cache
+    fit(data, tmp_path, "cached", precision="auto", epochs=1)  # reads it: nothing drawn
+    assert_same_outputs(RUN.dir(tmp_path / "measured"), RUN.dir(tmp_path / "cached"))
+
+
+def test_a_resumed_run_records_each_route_of_attention_kernels_it_took(data, tmp_path,
+                                                                       monkeypatch):
+    """The kernels are not kept across a resume (a route leaves out one found wrong on this
+    machine), but train.json says the run took both routes, and from which update on."""
+    monkeypatch.setenv(ATTENTION_KERNELS_ENV, "efficient,math")
+    monkeypatch.setenv(faults.ENV, "step:10:TERM")
+    try:
+        with pytest.raises(resume.Stopped):
+            fit(data, tmp_path, "stopped", epochs=2)
+        monkeypatch.delenv(faults.ENV)
+        monkeypatch.setenv(ATTENTION_KERNELS_ENV, "flash,math")
+        resumed, _ = fit(data, tmp_path, "stopped", epochs=2)
+    finally:
+        limit_attention_kernels("any")  # every kernel again, for the tests after this one
+    assert resumed["attention_kernels"] == "efficient,math, then flash,math from step 10"

@@ -99,11 +99,17 @@ def utf8_bytes(text: str) -> bytes:
 
 
 def split_text(data: bytes, source) -> list[bytes]:
-    """A text's lines (ended by LF, CRLF or CR; a UTF-8 BOM dropped); binary and UTF-16 refused."""
+    """A text's lines as `wc -l` and every line-by-line tool count them: each ended by LF (a CR
+    before it dropped: CRLF); a CR anywhere else is a space in its line, so that there is one
+    output line for each input line (splitting at it too made one line two or three); a UTF-8
+    BOM dropped. Binary and UTF-16 text are refused."""
     if b"\0" in data or data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         raise NmtError(f"{source} is binary or UTF-16, not UTF-8 text (fix: give UTF-8 text, "
                        "one sentence a line; convert with iconv -t UTF-8)")
-    return data.removeprefix(codecs.BOM_UTF8).splitlines()
+    lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")
+    if lines[-1] == b"":  # what follows the last LF (nothing, or an empty input)
+        lines.pop()
+    return [line.removesuffix(b"\r").replace(b"\r", b" ") for line in lines]
 
 
 def decode_lines(lines: list[bytes], source: str) -> list[str]:

@@ -13,6 +13,7 @@ list-based version did, so a seed still gives the same batches in the same order
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ import torch
 from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
 from nmt.core.errors import NmtError
 from nmt.core.text import count_lines, iter_lines, no_text, token_file
+
+log = logging.getLogger("nmt.data")
 
 Pair = tuple[list[int], list[int]]
 
@@ -113,37 +116,51 @@ class Pairs:
 CHUNK_LINES = 50_000
 
 
-def read_side(path: Path, codec, max_len: int) -> Sentences:
-    """One side's sentences as <bos> ids <eos>, encoded while the file streams past. Over-long
-    sentences keep their first max_len - 2 tokens and still end in <eos>."""
-    id_chunks, length_chunks = [], []
+def read_side(path: Path, codec, max_len: int) -> tuple[Sentences, np.ndarray]:
+    """One side's sentences as <bos> ids <eos>, encoded while the file streams past, and which
+    of them were cut (bool, a sentence each): over-long sentences keep their first max_len - 2
+    tokens and still end in <eos>."""
+    id_chunks, length_chunks, cut_chunks = [], [], []
     lines = iter_lines(path)
     while chunk := list(islice(lines, CHUNK_LINES)):
-        encoded = [[BOS_ID, *ids[: max_len - 2], EOS_ID] for ids in codec.encode_lines(chunk)]
+        whole = codec.encode_lines(chunk)
+        cut_chunks.append(np.fromiter((len(ids) > max_len - 2 for ids in whole), dtype=bool,
+                                      count=len(whole)))
+        encoded = [[BOS_ID, *ids[: max_len - 2], EOS_ID] for ids in whole]
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         id_chunks.append(np.fromiter(chain.from_iterable(encoded), dtype=np.int32,
                                      count=int(lengths.sum())))
         length_chunks.append(lengths)
     lengths = np.concatenate(length_chunks) if length_chunks else np.zeros(0, np.int64)
+    cut = np.concatenate(cut_chunks) if cut_chunks else np.zeros(0, bool)
     return Sentences(np.concatenate(id_chunks) if id_chunks else np.zeros(0, np.int32),
-                     np.concatenate([[0], np.cumsum(lengths)]))
+                     np.concatenate([[0], np.cumsum(lengths)])), cut
 
 
 def load_pairs(tokenized_dir: Path, split: str, src_codec, tgt_codec, max_len: int) -> Pairs:
-    """(source ids, target ids) of one split, each wrapped in <bos> ... <eos>, cut to max_len.
-    Word vocabularies read the .tok files, BPE the raw .txt files. A side without a token is
-    refused: train would learn to say nothing, and exit 0."""
+    """(source ids, target ids) of one split, each wrapped in <bos> ... <eos>, cut to max_len
+    (how many pairs were cut is said once, in a warning). Word vocabularies read the .tok
+    files, BPE the raw .txt files. A side without a token is refused: train would learn to say
+    nothing, and exit 0."""
     src_path, tgt_path = side_file(tokenized_dir, split, src_codec), side_file(
         tokenized_dir, split, tgt_codec)
     src_lines, tgt_lines = count_lines(src_path), count_lines(tgt_path)  # before the long work
     if src_lines != tgt_lines:
         raise NmtError(f"{src_path} has {src_lines} lines but {tgt_path} has {tgt_lines}: the "
                        f"{split} split is not aligned (fix: re-run nmt tokenize)")
-    sides = {path: read_side(path, codec, max_len)
-             for path, codec in ((src_path, src_codec), (tgt_path, tgt_codec))}
+    read = {path: read_side(path, codec, max_len)
+            for path, codec in ((src_path, src_codec), (tgt_path, tgt_codec))}
+    sides = {path: side for path, (side, _) in read.items()}
     for path, side in sides.items():
         if len(side.ids) == 2 * len(side):  # <bos> <eos> a sentence: nothing to learn or score
             raise no_text(path, split, len(side))
+    (_, src_cut), (_, tgt_cut) = read.values()
+    if cut := int((src_cut | tgt_cut).sum()):
+        log.warning("%s: %d of %d pairs are longer than model.max_len %d allows (%d + <bos> and "
+                    "<eos>) on the source side (%d) or the target side (%d); each keeps its first "
+                    "%d tokens (fix, to keep them whole: raise model.max_len)", split, cut,
+                    len(src_cut), max_len, max_len - 2, int(src_cut.sum()), int(tgt_cut.sum()),
+                    max_len - 2)
     return Pairs(*sides.values())
 
 

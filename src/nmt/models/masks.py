@@ -26,6 +26,9 @@ def bias(keep: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """keep (..., keys) bool -> the additive bias of the same shape: 0.0 where True, -inf where
     False, in attention_dtype(like), each row of keys starting on an ALIGN-element boundary."""
     *lead, keys = keep.shape
-    room = -(-keys // ALIGN) * ALIGN
+    # Rows a whole ALIGN longer than the keys when these are a multiple of it: the bias is then
+    # never a contiguous tensor, so torch.compile (dynamic shapes) has no case to tell apart
+    # (rounding up, lengths of 16, 32, ... recompiled the forward)
+    room = (keys // ALIGN + 1) * ALIGN
     out = torch.zeros(*lead, room, dtype=attention_dtype(like), device=keep.device)[..., :keys]
     return out.masked_fill_(~keep, float("-inf"))

@@ -25,7 +25,7 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
@@ -104,6 +104,9 @@ class Trainer:
     # model's name, config and vocabulary sizes, the model and train settings, the seed, ...
     checkpoint_meta: dict
     resume_key: dict  # what a resume state must match (resume.config_key)
+    # The resume state setup found (None: none to continue) and why one was set aside ("")
+    # (usable_state); resume_or_start takes it up and lets it go
+    found: tuple[dict | None, str] = (None, "")
     saved: str = ""  # where the last resume state written or found stands
     last_save: float = field(default_factory=time.monotonic)
     validations: int = 0  # validation passes of this process (a fault point counts them)
@@ -211,12 +214,12 @@ def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
     state unless `restart`; a signal raises resume.Stopped.
     """
     faults.reached("start", 1)
-    trainer, lock = setup(settings, paths), None
+    trainer, lock = setup(settings, paths, restart=restart), None
     try:
         if trainer.world.main:
             check_room(paths.run, trainer.n_params, trainer.config.average_last)
             lock = sole_trainer(paths.run)
-        progress = resume_or_start(trainer, restart)
+        progress = resume_or_start(trainer)
         trainer.clock["start"] = process_seconds()
         fit(trainer, progress)
         summary = finish(trainer, progress)
@@ -269,9 +272,10 @@ def fit(trainer: Trainer, progress: Progress) -> None:
                 raise stopped(trainer, progress, stop.signum)
 
 
-def setup(settings: dict, paths: Paths) -> Trainer:
+def setup(settings: dict, paths: Paths, *, restart: bool = False) -> Trainer:
     """Read the data and vocabulary, build the seeded model and how it is updated (its
-    optimizer and lr schedule: nmt.training.step.updater)."""
+    optimizer and lr schedule: nmt.training.step.updater) in the run's precision, and read the
+    resume state to continue unless `restart`."""
     config, run = TrainConfig.from_dict(settings["train"]), Run.parse(paths.run.folder.name)
     world, device = distributed.join(config.device, config.devices)
     bound_gpu_memory(device)  # several runs on one GPU (nmt --gpu-mem-mb)
@@ -301,14 +305,15 @@ def setup(settings: dict, paths: Paths) -> Trainer:
         "params": {"model": settings["model"], "train": settings["train"]},
         "n_params": sum(p.numel() for p in model.parameters()), "seed": run.seed,
         "vocab_sha256": checkpoint.vocab_fingerprint(paths.vocab)}
+    resume_key = resume.config_key(settings, run.name, run.seed, paths.vocab, world.size)
+    found = usable_state(paths.run.resume, resume_key, restart)
     trainer = Trainer(
         config=config, paths=paths, world=world, device=device,
-        precisions=choices(settings, device, *vocab_sizes), update=None,
+        precisions=run_precisions(settings, device, vocab_sizes, found[0]), update=None,
         train_batches=train_batches, valid_batches=valid_batches,
         valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
         tgt_codec=tgt_codec, attention_kernels=attention_kernels,
-        checkpoint_meta=checkpoint_meta,
-        resume_key=resume.config_key(settings, run.name, run.seed, paths.vocab, world.size))
+        checkpoint_meta=checkpoint_meta, resume_key=resume_key, found=found)
     trainer.update = updater(model, config, device, precision=trainer.precision,
                              total_updates=trainer.total_updates, world=world,
                              compile_on=compile_on, graphs_on=graphs_on)
@@ -317,6 +322,22 @@ def setup(settings: dict, paths: Paths) -> Trainer:
              trainer.precision,
              ", compiled" if compile_on else ", CUDA graphs" if graphs_on else "")
     return trainer
+
+
+def run_precisions(settings: dict, device: torch.device, vocab_sizes: tuple[int, int],
+                   state: dict | None) -> dict[str, Choice]:
+    """train.precision's choices for the run (nmt.training.precision): the ones its resume
+    state recorded at the run's start, so that a resumed run trains and decodes as it began
+    whatever the machine's measurement says now; else chosen now. Choosing may measure, which
+    draws from torch's generators: they are left as they were (fork_rng), so a run's numbers do
+    not depend on whether this machine's measurement was cached."""
+    if state is not None and "precisions" in state:
+        kept = {kind: Choice(**choice) for kind, choice in state["precisions"].items()}
+        log.info("precision kept from the run's start: training %s, decoding %s",
+                 kept["train"].precision, kept["decode"].precision)
+        return kept
+    with torch.random.fork_rng(devices=[]):
+        return choices(settings, device, *vocab_sizes)
 
 
 def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int, seed: int,
@@ -334,11 +355,12 @@ def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int,
             Batches(valid_pairs, *sizes, shuffle=False, **padding))
 
 
-def resume_or_start(trainer: Trainer, restart: bool) -> Progress:
-    """The Progress a matching resume state holds (weights, optimizer, lr schedule and random
-    generators restored with it), else a fresh one. Rank 0 clears an earlier run's outputs."""
+def resume_or_start(trainer: Trainer) -> Progress:
+    """The Progress the resume state setup found holds (weights, optimizer, lr schedule and
+    random generators restored with it), else a fresh one. Rank 0 clears an earlier run's
+    outputs."""
     files, world = trainer.paths.run, trainer.world
-    state, why = usable_state(trainer, restart)
+    (state, why), trainer.found = trainer.found, (None, "")
     world.barrier()  # every rank has read the state before rank 0 moves it
     if world.main:
         resume.remove_temporaries((*files.trained, files.resume))
@@ -357,22 +379,28 @@ def resume_or_start(trainer: Trainer, restart: bool) -> Progress:
     mine = state["ranks"][world.rank]
     resume.set_rng_state(mine["rng"], trainer.device)
     progress = Progress(**{**state["progress"], **{k: mine[k] for k in RANK_OWN}})
+    began_with = state.get("attention_kernels", trainer.attention_kernels)
+    if began_with != trainer.attention_kernels:  # kept as they are now: a route excludes a
+        log.warning("attention kernels: the run began with %s and goes on with %s (train.json "
+                    "records both)", began_with, trainer.attention_kernels)  # wrong kernel
+        trainer.attention_kernels = (f"{began_with}, then {trainer.attention_kernels} from "
+                                     f"step {progress.step}")
     trainer.saved = progress.where(trainer)
     log.info("resuming from %s (batch %d of %d of the epoch), from %s", trainer.saved,
              progress.batch, len(trainer.plan(progress.epoch)), files.resume)
     return progress
 
 
-def usable_state(trainer: Trainer, restart: bool) -> tuple[dict | None, str]:
-    """(the resume state to continue, "") or (None, why it is set aside; "" if there is none)."""
-    path = trainer.paths.run.resume
+def usable_state(path: Path, resume_key: dict, restart: bool) -> tuple[dict | None, str]:
+    """(the resume state at `path` to continue, "") or (None, why it is set aside; "" if there
+    is none)."""
     if not path.exists():
         return None, ""
     if restart:
         return None, "--restart asks for a fresh start"
     state, why = resume.read(path)
-    if state and state["config_hash"] != resume.config_hash(trainer.resume_key):
-        changed = resume.differences(state["config"], trainer.resume_key)
+    if state and state["config_hash"] != resume.config_hash(resume_key):
+        changed = resume.differences(state["config"], resume_key)
         return None, f"it was written with other settings (changed: {', '.join(changed[:4])})"
     return state, why
 
@@ -470,7 +498,10 @@ def save_state(trainer: Trainer, progress: Progress) -> None:
         now["earlier"] = spent(trainer, progress)  # what a resumed run adds its own time to
         trainer.writer.submit(trainer.paths.run.resume, {
             "format": resume.FORMAT, "config": trainer.resume_key,
-            "config_hash": resume.config_hash(trainer.resume_key), **resume.snapshot({
+            "config_hash": resume.config_hash(trainer.resume_key),
+            # what the run took from the machine at its start, which a resumed run keeps
+            "precisions": {kind: asdict(choice) for kind, choice in trainer.precisions.items()},
+            "attention_kernels": trainer.attention_kernels, **resume.snapshot({
                 "model": update.model.state_dict(), "optimizer": update.optimizer.state_dict(),
                 "scheduler": update.scheduler.state_dict(), "ranks": ranks}),
             "progress": now})

@@ -14,6 +14,9 @@ its state and waits for it, and so does the end of the run before it removes the
 Format (a dict):
     format          FORMAT (an int; another value is set aside like a changed configuration)
     config          what must match to continue (`config_key`), and config_hash its sha256
+    precisions      the run's precision choices at its start ({"train", "decode"}: a
+                    precision.Choice as a dict), which a resumed run keeps
+    attention_kernels  the kernels the run trained with (the route in force)
     model, optimizer, scheduler    their state_dicts
     ranks           one dict a process (rank order): rng {torch (CPU), cuda (or None),
                     python (`random`)}, loss_sum, tokens and sums (of the updates' numbers:
