@@ -19,6 +19,7 @@ from nmt.core.errors import NmtError
 from nmt.core.loss import corpus_loss
 from nmt.core.runs import Run
 from nmt.core.runtime import ATTENTION_KERNELS_ENV, limit_attention_kernels
+from nmt.models import MODELS
 from nmt.training import faults, resume
 from nmt.training import precision as precisions
 from nmt.training.loop import train
@@ -217,7 +218,8 @@ def calibration_preferring(winner: str):
     def measure(workload):
         torch.manual_seed(0)
         torch.randn(1000)
-        return {"scratch": {"fp32": 1.0, "bf16": 0.5 if winner == "bf16" else 2.0}}
+        pair = (1.0, 0.5 if winner == "bf16" else 2.0)
+        return {m: precisions.Timing((pair,) * precisions.MIN_PAIRS) for m in MODELS}
     return measure
 
 
