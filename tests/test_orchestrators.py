@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -286,6 +287,69 @@ def test_dvc_refuses_while_snakemake_runs(trained, params_edit):
     assert "Running stage 'config@published'" in out and "Running stage 'vocab" not in out
     assert digests(trained, TRAINED) == before and smk.returncode == 0
     assert not list(markers.glob("nmt-running.*"))  # onsuccess removed it
+
+
+# ---- issue 58, item 1: a name from params.yaml that is no name ------------------------------
+
+# A params.yaml list -> a hostile item, and the path of a file that the pipeline makes of it
+# (a declared output, which DVC deletes before it runs the stage's command).
+HOSTILE = {
+    "recipes": ("../../nmt_canary", "params/{}.yaml"),  # config's output
+    "models": ("../../../../nmt_canary", "results/published-{}-s0/best.pt"),  # train's
+    "seeds": ("../../../../nmt_canary", "results/published-baseline-s{}/best.pt"),
+}
+
+
+def commit_all(root: Path) -> None:
+    """`dvc exp run` needs a commit to base the experiment on; the outputs are git-ignored."""
+    run(["git", "add", "-A"], root)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny",
+         "--allow-empty"], root)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("tool", "key"), [("dvc repro", "recipes"), ("dvc exp run", "recipes"),
+                                           ("snakemake", "recipes"), ("dvc exp run", "models"),
+                                           ("dvc exp run", "seeds")])
+def test_a_name_that_is_no_name_deletes_nothing_outside_the_checkout(trained, params_edit,
+                                                                     tool, key):
+    """`../../x` in pipeline.recipes once had `dvc repro` delete params/../../x.yaml, a file
+    outside the checkout, before `nmt config` refused the name. Now the first thing each tool
+    runs refuses it, in one line naming the value and the fix: DVC's stage names (whose paths
+    hold no name, and on which every other stage depends), Snakemake when it reads the
+    workflow. (A hostile model or seed was stopped by config already, which runs before the
+    stages whose paths hold them.)"""
+    value, template = HOSTILE[key]
+    canary = Path(os.path.normpath(trained / template.format(value)))
+    assert not canary.is_relative_to(trained)  # the path the pipeline would delete: outside
+    canary.parent.mkdir(exist_ok=True)
+    canary.write_text("keep\n")
+    before, params = digests(trained, TRAINED), (trained / "params.yaml").read_text()
+    try:
+        if tool == "dvc exp run":
+            commit_all(trained)
+            out = run(["dvc", "exp", "run", "-S", f"pipeline.{key}=[{value}]"], trained,
+                      check=False)
+        else:
+            params_edit(pipeline={key: [value]})
+            out = run(tool.split() + (["--cores", "1"] if tool == "snakemake" else []), trained,
+                      check=False)
+        assert canary.read_text() == "keep\n", out
+    finally:
+        canary.unlink(missing_ok=True)
+        if canary.parent != trained.parent:
+            canary.parent.rmdir()
+    errors = [e for e in error_lines(out) if not e.startswith("ERROR: failed to reproduce")]
+    assert len(errors) == 1 and f"pipeline.{key}.0: {value!r}" in errors[0], out
+    assert "(fix: " in errors[0] and "Traceback" not in out, out
+    assert re.findall(r"Running stage '([^']+)'", out) == ([] if tool == "snakemake"
+                                                          else ["names"]), out
+    if tool == "dvc exp run":
+        # Its checkout, before any stage, took the trained run out of the workspace, as it
+        # does for any run an experiment drops: with params.yaml back, DVC's cache restores it.
+        (trained / "params.yaml").write_text(params)
+        run(["dvc", "checkout", "--allow-missing"], trained)
+    assert digests(trained, TRAINED) == before
 
 
 # ---- item 7: a file damaged inside a folder output -------------------------------------------

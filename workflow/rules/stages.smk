@@ -25,9 +25,29 @@ SHARED_CODE = [
 ]
 
 
+rule names:
+    input:
+        code=[
+            *SHARED_CODE,
+            "src/nmt/stages/names.py",
+            "src/nmt/core/files.py",
+        ],
+    output:
+        "params/names.yaml",
+    params:
+        values=declared(params=["pipeline", "bench.recipe"]),
+    log:
+        "logs/names.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt names --out params/names.yaml 2> {log}"
+
+
 rule config:
     input:
         "workflow/multi30k.sha256",
+        "params/names.yaml",
         code=[
             *SHARED_CODE,
             "src/nmt/stages/config.py",
