@@ -13,13 +13,16 @@ SHARED_CODE = [
     "src/nmt/cli.py",
     "src/nmt/core/__init__.py",
     "src/nmt/core/errors.py",
+    "src/nmt/core/files.py",
     "src/nmt/core/process.py",
+    "src/nmt/core/records.py",
     "src/nmt/core/runs.py",
     "src/nmt/pipeline/__init__.py",
     "src/nmt/pipeline/commandline.py",
     "src/nmt/pipeline/corpus.py",
     "src/nmt/pipeline/orchestrators.py",
     "src/nmt/pipeline/params.py",
+    "src/nmt/pipeline/preflight.py",
     "src/nmt/pipeline/recipes.py",
     "src/nmt/stages/__init__.py",
 ]
@@ -30,7 +33,6 @@ rule names:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/names.py",
-            "src/nmt/core/files.py",
         ],
     output:
         "params/names.yaml",
@@ -51,9 +53,6 @@ rule config:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/config.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
-            "src/nmt/pipeline/preflight.py",
         ],
     output:
         "params/{recipe}.yaml",
@@ -74,8 +73,6 @@ rule sources:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/sources.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
         ],
     output:
         "params/sources.sha256",
@@ -96,8 +93,6 @@ rule download:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/download.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
         ],
     output:
         directory("data/raw"),
@@ -119,8 +114,6 @@ rule tokenize:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/tokenize.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/text.py",
         ],
     output:
@@ -145,8 +138,6 @@ rule vocab:
             *SHARED_CODE,
             "src/nmt/stages/vocab.py",
             "src/nmt/core/codecs.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/text.py",
         ],
     output:
@@ -172,8 +163,6 @@ rule verify:
             *package("src/nmt/stages/verify"),
             "src/nmt/core/codecs.py",
             "src/nmt/core/data.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/text.py",
             *package("src/nmt/models"),
         ],
@@ -204,9 +193,7 @@ rule train:
             "src/nmt/core/codecs.py",
             "src/nmt/core/data.py",
             "src/nmt/core/decoding.py",
-            "src/nmt/core/files.py",
             "src/nmt/core/loss.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/runtime.py",
             "src/nmt/core/text.py",
             *package("src/nmt/models"),
@@ -258,9 +245,7 @@ rule evaluate:
             "src/nmt/core/codecs.py",
             "src/nmt/core/data.py",
             "src/nmt/core/decoding.py",
-            "src/nmt/core/files.py",
             "src/nmt/core/loss.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/runtime.py",
             "src/nmt/core/text.py",
             "src/nmt/core/unknowns.py",
@@ -307,8 +292,6 @@ rule export:
             "src/nmt/core/data.py",
             "src/nmt/core/decoding.py",
             "src/nmt/core/engine.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/text.py",
             *package("src/nmt/models"),
         ],
@@ -343,9 +326,7 @@ rule bench:
             "src/nmt/core/codecs.py",
             "src/nmt/core/data.py",
             "src/nmt/core/decoding.py",
-            "src/nmt/core/files.py",
             "src/nmt/core/loss.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/runtime.py",
             "src/nmt/core/text.py",
             *package("src/nmt/models"),
@@ -401,8 +382,6 @@ rule report:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/report.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/stats.py",
             "src/nmt/core/text.py",
         ],
