@@ -301,58 +301,61 @@ HOSTILE = {
 }
 
 
-def commit_all(root: Path) -> None:
-    """`dvc exp run` needs a commit to base the experiment on; the outputs are git-ignored."""
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory, mirror) -> Path:
+    """A tiny copy of the trained copy's pipeline, committed (`dvc exp run` bases its experiment
+    on a commit) and not run: an experiment's checkout, before any stage, takes every output
+    its pipeline lacks out of the workspace, which would cost the trained copy its run."""
+    root = scratch_copy(tmp_path_factory.mktemp("committed"))
+    edit_params(root / "params.yaml", pipeline={"recipes": ["published"], "models": ["baseline"],
+                                                "seeds": [0], "export": []},
+                bench={"recipe": "published"})
     run(["git", "add", "-A"], root)
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny",
-         "--allow-empty"], root)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny"], root)
+    return root
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("tool", "key"), [("dvc repro", "recipes"), ("dvc exp run", "recipes"),
                                            ("snakemake", "recipes"), ("dvc exp run", "models"),
                                            ("dvc exp run", "seeds")])
-def test_a_name_that_is_no_name_deletes_nothing_outside_the_checkout(trained, params_edit,
-                                                                     tool, key):
+def test_a_name_that_is_no_name_deletes_nothing_outside_the_checkout(request, tool, key):
     """`../../x` in pipeline.recipes once had `dvc repro` delete params/../../x.yaml, a file
     outside the checkout, before `nmt config` refused the name. Now the first thing each tool
     runs refuses it, in one line naming the value and the fix: DVC's stage names (whose paths
     hold no name, and on which every other stage depends), Snakemake when it reads the
     workflow. (A hostile model or seed was stopped by config already, which runs before the
-    stages whose paths hold them.)"""
+    stages whose paths hold them.) `dvc repro` and Snakemake in the trained copy, whose run
+    stays; `dvc exp run -S` in a committed one."""
+    root = request.getfixturevalue("committed" if tool == "dvc exp run" else "trained")
     value, template = HOSTILE[key]
-    canary = Path(os.path.normpath(trained / template.format(value)))
-    assert not canary.is_relative_to(trained)  # the path the pipeline would delete: outside
+    canary = Path(os.path.normpath(root / template.format(value)))
+    assert not canary.is_relative_to(root)  # the path the pipeline would delete: outside
     canary.parent.mkdir(exist_ok=True)
     canary.write_text("keep\n")
-    before, params = digests(trained, TRAINED), (trained / "params.yaml").read_text()
+    before = digests(root, TRAINED) if tool != "dvc exp run" else {}  # the trained run
+    params = (root / "params.yaml").read_text()
     try:
         if tool == "dvc exp run":
-            commit_all(trained)
-            out = run(["dvc", "exp", "run", "-S", f"pipeline.{key}=[{value}]"], trained,
+            out = run(["dvc", "exp", "run", "-S", f"pipeline.{key}=[{value}]"], root,
                       check=False)
         else:
-            params_edit(pipeline={key: [value]})
-            out = run(tool.split() + (["--cores", "1"] if tool == "snakemake" else []), trained,
+            edit_params(root / "params.yaml", pipeline={key: [value]})
+            out = run(tool.split() + (["--cores", "1"] if tool == "snakemake" else []), root,
                       check=False)
         kept = canary.read_text() if canary.is_file() else "deleted"
     finally:
+        (root / "params.yaml").write_text(params)
         canary.unlink(missing_ok=True)
-        if canary.parent != trained.parent:
+        if canary.parent != root.parent:
             canary.parent.rmdir()
-        if tool == "dvc exp run":
-            # Its checkout, before any stage, takes the trained run out of the workspace, as
-            # it does for any run an experiment drops: with params.yaml back, DVC's cache
-            # restores it (here, so that a failure leaves the next test its copy).
-            (trained / "params.yaml").write_text(params)
-            run(["dvc", "checkout", "--allow-missing"], trained)
     assert kept == "keep\n", out
     errors = [e for e in error_lines(out) if not e.startswith("ERROR: failed to reproduce")]
     assert len(errors) == 1 and f"pipeline.{key}.0: {value!r}" in errors[0], out
     assert "(fix: " in errors[0] and "Traceback" not in out, out
     assert re.findall(r"Running stage '([^']+)'", out) == ([] if tool == "snakemake"
                                                           else ["names"]), out
-    assert digests(trained, TRAINED) == before
+    assert digests(root, before) == before
 
 
 # ---- issue 58, item 2: a checkout this user may not write ------------------------------------
@@ -377,6 +380,9 @@ def test_a_read_only_checkout_is_one_line_to_a_writer_and_works_for_a_reader(tra
         box.chmod(0o755)
         shutil.copytree(trained, copy, symlinks=True)
         copy.chmod(0o755)  # pytest's folders are 700: nobody may enter, let alone read
+        # The run's data as DVC recorded it: a test before may have rebuilt the vocabulary
+        # under Snakemake, with other params (test_dvc_refuses_while_snakemake_runs).
+        run(["dvc", "checkout", "--force", "--allow-missing"], copy)
         assert (copy / orchestrators.DVC_LOCK).is_file()  # DVC ran in it
         home.mkdir()
         os.chown(home, 65534, 65534)  # a HOME nobody may write (torch's caches)
