@@ -67,16 +67,19 @@ def check_outputs_writable(stage: str, args, root: Path = Path(".")) -> None:
     --out where the command line gives one, else those workflow/stages.yaml declares, with
     {recipe}, {model} and {seed} from the command line."""
     declaration = root / "workflow" / "stages.yaml"
+    declared = {}  # the stage's entry: its outs, metrics, plots
+    if declaration.is_file():
+        stages = read_yaml(declaration.read_text(), str(declaration)).get("stages", {})
+        declared = stages.get(stage) or {}
     if getattr(args, "out", None):
-        outputs = [Path(args.out)]
-    elif declaration.is_file():
-        stage_entry = read_yaml(declaration.read_text(), str(declaration))["stages"][stage]
-        paths = [*stage_entry.get("outs", []), *stage_entry.get("metrics", []),
-                 *stage_entry.get("plots", [])]
+        outputs = [root / args.out]
+    elif declared:
+        paths = [*declared.get("outs", []), *declared.get("metrics", []),
+                 *declared.get("plots", [])]
         outputs = [root / re.sub(r"\{(recipe|model|seed)\}",
                                  lambda m: str(getattr(args, m.group(1))), path)
                    for path in paths]
-    else:  # not run in a checkout: nothing declared to check
+    else:  # not run in a checkout, or a stage not declared yet: nothing to check
         return
     for output in outputs:
         folder = output.parent
