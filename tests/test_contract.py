@@ -158,9 +158,10 @@ def test_every_stage_declares_what_it_reads(tool, request):
         unused += [f"{stage.name}: {k}" for k in sorted(
             under(stage.params, params) - set(line["params"]) if "params.yaml"
             not in stage.params else ())]
-    # Under Snakemake nothing consumes the config stage's files, so it is never run there;
-    # the Snakefile writes params/sources.sha256 itself, when it reads the workflow.
-    assert seen == set(STAGES) - ({"config", "sources"} if tool == "snakemake_run" else set())
+    # Under Snakemake nothing consumes the files of names and config, so they never run
+    # there; the Snakefile writes params/sources.sha256 itself, when it reads the workflow.
+    assert seen == set(STAGES) - ({"names", "config", "sources"} if tool == "snakemake_run"
+                                  else set())
     print("declared, never read:", *sorted(set(unused)), sep="\n  ")
 
 
@@ -445,8 +446,9 @@ def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakema
         got_smk = snakemake_jobs(snakemake, dry_run)
         if got_dvc != want - {ALWAYS}:
             problems.append(f"{code}: dvc status {sorted(got_dvc ^ want)}")
-        # Under Snakemake nothing consumes the config stage's files, so it never runs.
-        want_smk = downstream({w for w in want if not w.startswith("config@")}, params)
+        # Under Snakemake nothing consumes the files of names and config, so they never run.
+        want_smk = downstream({w for w in want if w != "names" and not w.startswith("config@")},
+                              params)
         if got_smk != want_smk:
             problems.append(f"{code}: snakemake -n {sorted(got_smk ^ want_smk)}")
         for root, (data, st) in saved.items():

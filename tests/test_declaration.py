@@ -49,14 +49,15 @@ def test_the_cli_has_one_subcommand_a_declared_stage_and_guards_them_all():
 
 
 def test_rule_all_asks_for_the_outputs_of_the_declared_targets():
-    """report and export's runs; config, which nothing consumes, stays un-run under Snakemake."""
+    """report and export's runs; names and config, which nothing consumes, stay un-run under
+    Snakemake."""
     assert {n for n, s in STAGES.items() if s.target} == {"report", "export"}
     rules = declaration.render_snakemake(REPO / declaration.DECLARATION)
     rule_all = rules[rules.index("rule all:"):]
     assert "rules.report.output," in rule_all
     assert re.search(r'expand\(rules\.export\.output,\s+recipe=RECIPES, '
                      r'model=lookup\(config, "pipeline\.export"\), seed=SEEDS\)', rule_all)
-    assert "rules.config" not in rule_all
+    assert "rules.config" not in rule_all and "rules.names" not in rule_all
     assert not re.search(r"^rule all:", (REPO / "workflow/Snakefile").read_text(), re.M)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,7 +26,8 @@ import pytest
 from conftest import edit_params
 from nmt.core.errors import NmtError
 from nmt.pipeline import orchestrators, preflight
-from tiny import run, scratch_copy
+from tiny import finish, run, scratch_copy
+from tiny import start as start_as
 
 RUN = Path("results/published-baseline-s0")
 TRAINED = [RUN / f for f in ("best.pt", "last.pt", "train.json", "history.csv")]
@@ -286,6 +288,149 @@ def test_dvc_refuses_while_snakemake_runs(trained, params_edit):
     assert "Running stage 'config@published'" in out and "Running stage 'vocab" not in out
     assert digests(trained, TRAINED) == before and smk.returncode == 0
     assert not list(markers.glob("nmt-running.*"))  # onsuccess removed it
+
+
+# ---- issue 58, item 1: a name from params.yaml that is no name ------------------------------
+
+# A params.yaml list -> a hostile item, and the path of a file that the pipeline makes of it
+# (a declared output, which DVC deletes before it runs the stage's command).
+HOSTILE = {
+    "recipes": ("../../nmt_canary", "params/{}.yaml"),  # config's output
+    "models": ("../../../../nmt_canary", "results/published-{}-s0/best.pt"),  # train's
+    "seeds": ("../../../../nmt_canary", "results/published-baseline-s{}/best.pt"),
+}
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory, mirror) -> Path:
+    """A tiny copy of the trained copy's pipeline, committed (`dvc exp run` bases its experiment
+    on a commit) and not run: an experiment's checkout, before any stage, takes every output
+    its pipeline lacks out of the workspace, which would cost the trained copy its run."""
+    root = scratch_copy(tmp_path_factory.mktemp("committed"))
+    edit_params(root / "params.yaml", pipeline={"recipes": ["published"], "models": ["baseline"],
+                                                "seeds": [0], "export": []},
+                bench={"recipe": "published"})
+    run(["git", "add", "-A"], root)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny"], root)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("tool", "key"), [("dvc repro", "recipes"), ("dvc exp run", "recipes"),
+                                           ("snakemake", "recipes"), ("dvc exp run", "models"),
+                                           ("dvc exp run", "seeds")])
+def test_a_name_that_is_no_name_deletes_nothing_outside_the_checkout(request, tool, key):
+    """`../../x` in pipeline.recipes once had `dvc repro` delete params/../../x.yaml, a file
+    outside the checkout, before `nmt config` refused the name. Now the first thing each tool
+    runs refuses it, in one line naming the value and the fix: DVC's stage names (whose paths
+    hold no name, and on which every other stage depends), Snakemake when it reads the
+    workflow. (A hostile model or seed was stopped by config already, which runs before the
+    stages whose paths hold them.) `dvc repro` and Snakemake in the trained copy, whose run
+    stays; `dvc exp run -S` in a committed one."""
+    root = request.getfixturevalue("committed" if tool == "dvc exp run" else "trained")
+    value, template = HOSTILE[key]
+    canary = Path(os.path.normpath(root / template.format(value)))
+    assert not canary.is_relative_to(root)  # the path the pipeline would delete: outside
+    canary.parent.mkdir(exist_ok=True)
+    canary.write_text("keep\n")
+    before = digests(root, TRAINED) if tool != "dvc exp run" else {}  # the trained run
+    params = (root / "params.yaml").read_text()
+    try:
+        if tool == "dvc exp run":
+            out = run(["dvc", "exp", "run", "-S", f"pipeline.{key}=[{value}]"], root,
+                      check=False)
+        else:
+            edit_params(root / "params.yaml", pipeline={key: [value]})
+            out = run(tool.split() + (["--cores", "1"] if tool == "snakemake" else []), root,
+                      check=False)
+        kept = canary.read_text() if canary.is_file() else "deleted"
+    finally:
+        (root / "params.yaml").write_text(params)
+        canary.unlink(missing_ok=True)
+        if canary.parent != root.parent:
+            canary.parent.rmdir()
+    assert kept == "keep\n", out
+    errors = [e for e in error_lines(out) if not e.startswith("ERROR: failed to reproduce")]
+    assert len(errors) == 1 and f"pipeline.{key}.0: {value!r}" in errors[0], out
+    assert "(fix: " in errors[0] and "Traceback" not in out, out
+    assert re.findall(r"Running stage '([^']+)'", out) == ([] if tool == "snakemake"
+                                                          else ["names"]), out
+    assert digests(root, before) == before
+
+
+# ---- issue 58, item 2: a checkout this user may not write ------------------------------------
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]  # as the user nobody
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv, to run commands as another user")
+def test_a_read_only_checkout_is_one_line_to_a_writer_and_works_for_a_reader(trained):
+    """A copy of the trained checkout, chmod -R a-w, used by a user who is not root (root
+    writes anyway): a command that writes stops with one line naming the folder and the fix
+    (it was a traceback, PermissionError on .dvc/tmp/lock, which the orchestrator guard opened
+    for appending to probe DVC's lock); translate and `nmt stages --check`, which only read,
+    work."""
+    import tempfile
+
+    box = Path(tempfile.mkdtemp(dir="/tmp"))  # nobody may enter it, unlike pytest's folders
+    copy, home = box / "copy", box / "home"
+    try:
+        box.chmod(0o755)
+        shutil.copytree(trained, copy, symlinks=True)
+        copy.chmod(0o755)  # pytest's folders are 700: nobody may enter, let alone read
+        # The run's data as DVC recorded it: a test before may have rebuilt the vocabulary
+        # under Snakemake, with other params (test_dvc_refuses_while_snakemake_runs).
+        run(["dvc", "checkout", "--force", "--allow-missing"], copy)
+        assert (copy / orchestrators.DVC_LOCK).is_file()  # DVC ran in it
+        home.mkdir()
+        os.chown(home, 65534, 65534)  # a HOME nobody may write (torch's caches)
+        subprocess.run(["chmod", "-R", "a-w", str(copy)], check=True)
+
+        def as_nobody(*cmd: str) -> tuple[int, str]:
+            proc = start_as(NOBODY + list(cmd), copy, {"HOME": str(home)})
+            out = finish(proc, check=False)
+            return proc.returncode, out
+
+        status, out = as_nobody(sys.executable, "-c", "import nmt")
+        if status != 0:  # the venv lies where nobody may not enter (under /root, say)
+            pytest.skip(f"the user nobody cannot run this Python: {out[-300:]}")
+        run_folder = "results/published-baseline-s0"
+        for cmd, folder in ((["config", "--recipe", "published"], "params"),
+                            (["evaluate", "--recipe", "published", "--model", "baseline",
+                              "--seed", "0"], run_folder),
+                            (["train", "--recipe", "published", "--model", "baseline",
+                              "--seed", "0"], run_folder)):
+            status, out = as_nobody("nmt", *cmd)
+            assert (status, error_lines(out)) == (2, [
+                f"nmt {cmd[0]}: error: {folder}: not writable, and nmt {cmd[0]} writes there "
+                f"(fix: chmod u+w {folder}, or run in a copy you may write)"]), out
+            assert "Traceback" not in out, out
+        status, out = as_nobody("nmt", "translate", "--run", "published-baseline-s0",
+                                "Ein Mann fährt mit dem Fahrrad.")
+        assert status == 0 and out.strip() and not error_lines(out), out
+        status, out = as_nobody("nmt", "stages", "--check")
+        assert status == 0 and not error_lines(out), out
+        # A write no check before it foresees (a declaration edit to render): still one line.
+        declared = copy / "workflow" / "stages.yaml"
+        declared.chmod(0o644)
+        declared.write_text(declared.read_text().replace("threads: 4", "threads: 3", 1))
+        declared.chmod(0o444)
+        status, out = as_nobody("nmt", "stages", "--write")
+        assert (status, error_lines(out)) == (2, [
+            "nmt stages: error: dvc.yaml: not writable, and nmt stages writes there (fix: "
+            "chmod u+w dvc.yaml, or run in a copy you may write)"]), out
+        # A lock it may not even read: whether DVC runs there is unknown, and it says so.
+        (copy / orchestrators.DVC_LOCK).chmod(0o000)
+        status, out = as_nobody("nmt", "config", "--recipe", "published")
+        assert (status, error_lines(out)) == (2, [
+            f"nmt config: error: {orchestrators.DVC_LOCK}: not readable, so whether dvc is "
+            f"running in this folder cannot be told (fix: chmod a+r {orchestrators.DVC_LOCK}, "
+            "or run in a copy you may write)"]), out
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(box)], check=True)
+        shutil.rmtree(box)
 
 
 # ---- item 7: a file damaged inside a folder output -------------------------------------------

@@ -24,7 +24,16 @@ import sys
 from pathlib import Path
 
 import nmt.stages
-from nmt.core.errors import EX_IOERR, FULL, Completion, DiskFull, NmtError, out_of_memory
+from nmt.core.errors import (
+    DENIED,
+    EX_IOERR,
+    FULL,
+    Completion,
+    DiskFull,
+    NmtError,
+    access_denied,
+    out_of_memory,
+)
 from nmt.core.process import Terminated, keep_freed_memory, set_gpu_memory_bound, sigterm_stops
 from nmt.pipeline import commandline
 from nmt.pipeline.commandline import set_threads
@@ -100,6 +109,9 @@ def run(args, track) -> int:
             from nmt.pipeline.orchestrators import refuse_others
 
             refuse_others(doing=f"nmt {args.stage}")
+            from nmt.pipeline.preflight import check_outputs_writable
+
+            check_outputs_writable(args.stage, args)  # a read-only checkout: before any work
         params = track(load_params(args.params))
         if hasattr(args, "threads") and not said(args.stage, "SETS_OWN_THREADS", False):
             set_threads(args.threads)  # the torch stages; train sets its own (nmt.stages.train)
@@ -116,6 +128,10 @@ def run(args, track) -> int:
         print(f"nmt {args.stage}: error: {e}", file=sys.stderr)
         return e.exit_code  # 2; a full disk 74 (EX_IOERR)
     except OSError as e:  # a full disk met outside nmt.core.files (which names the output itself)
+        if e.errno in DENIED:  # a write (or read) refused: a command the checks above missed
+            print(f"nmt {args.stage}: error: {access_denied(e, f'nmt {args.stage}')}",
+                  file=sys.stderr)
+            return 2
         if e.errno not in FULL:
             raise
         folder = Path(e.filename).parent if e.filename else Path.cwd()

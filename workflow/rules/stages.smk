@@ -13,27 +13,46 @@ SHARED_CODE = [
     "src/nmt/cli.py",
     "src/nmt/core/__init__.py",
     "src/nmt/core/errors.py",
+    "src/nmt/core/files.py",
     "src/nmt/core/process.py",
+    "src/nmt/core/records.py",
     "src/nmt/core/runs.py",
     "src/nmt/pipeline/__init__.py",
     "src/nmt/pipeline/commandline.py",
     "src/nmt/pipeline/corpus.py",
     "src/nmt/pipeline/orchestrators.py",
     "src/nmt/pipeline/params.py",
+    "src/nmt/pipeline/preflight.py",
     "src/nmt/pipeline/recipes.py",
     "src/nmt/stages/__init__.py",
 ]
 
 
+rule names:
+    input:
+        code=[
+            *SHARED_CODE,
+            "src/nmt/stages/names.py",
+        ],
+    output:
+        "params/names.yaml",
+    params:
+        values=declared(params=["pipeline", "bench.recipe"]),
+    log:
+        "logs/names.log",
+    conda:
+        "../envs/nmt.yaml"
+    shell:
+        "nmt names --out params/names.yaml 2> {log}"
+
+
 rule config:
     input:
         "workflow/multi30k.sha256",
+        "params/names.yaml",
         code=[
             *SHARED_CODE,
             "src/nmt/stages/config.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
-            "src/nmt/pipeline/preflight.py",
         ],
     output:
         "params/{recipe}.yaml",
@@ -54,8 +73,6 @@ rule sources:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/sources.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
         ],
     output:
         "params/sources.sha256",
@@ -76,8 +93,6 @@ rule download:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/download.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
         ],
     output:
         directory("data/raw"),
@@ -99,8 +114,6 @@ rule tokenize:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/tokenize.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/text.py",
         ],
     output:
@@ -125,8 +138,6 @@ rule vocab:
             *SHARED_CODE,
             "src/nmt/stages/vocab.py",
             "src/nmt/core/codecs.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/text.py",
         ],
     output:
@@ -152,8 +163,6 @@ rule verify:
             *package("src/nmt/stages/verify"),
             "src/nmt/core/codecs.py",
             "src/nmt/core/data.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/text.py",
             *package("src/nmt/models"),
         ],
@@ -184,9 +193,7 @@ rule train:
             "src/nmt/core/codecs.py",
             "src/nmt/core/data.py",
             "src/nmt/core/decoding.py",
-            "src/nmt/core/files.py",
             "src/nmt/core/loss.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/runtime.py",
             "src/nmt/core/text.py",
             *package("src/nmt/models"),
@@ -238,9 +245,7 @@ rule evaluate:
             "src/nmt/core/codecs.py",
             "src/nmt/core/data.py",
             "src/nmt/core/decoding.py",
-            "src/nmt/core/files.py",
             "src/nmt/core/loss.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/runtime.py",
             "src/nmt/core/text.py",
             "src/nmt/core/unknowns.py",
@@ -287,8 +292,6 @@ rule export:
             "src/nmt/core/data.py",
             "src/nmt/core/decoding.py",
             "src/nmt/core/engine.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/text.py",
             *package("src/nmt/models"),
         ],
@@ -323,9 +326,7 @@ rule bench:
             "src/nmt/core/codecs.py",
             "src/nmt/core/data.py",
             "src/nmt/core/decoding.py",
-            "src/nmt/core/files.py",
             "src/nmt/core/loss.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/runtime.py",
             "src/nmt/core/text.py",
             *package("src/nmt/models"),
@@ -381,8 +382,6 @@ rule report:
         code=[
             *SHARED_CODE,
             "src/nmt/stages/report.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
             "src/nmt/core/stats.py",
             "src/nmt/core/text.py",
         ],

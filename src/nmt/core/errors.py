@@ -4,6 +4,7 @@ may still change once a stage's outputs are written (Completion)."""
 from __future__ import annotations
 
 import errno
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ from pathlib import Path
 # a shell loop) can tell it from a bad input (2) and retry once space is freed.
 EX_IOERR = 74
 FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left on the device; disk quota exceeded
+# Permission denied (a file or folder of another user's, or chmod a-w); a read-only mount.
+DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 class NmtError(ValueError):
@@ -39,6 +42,28 @@ class DiskFull(NmtError):
         return cls(f"{folder}: no space left on its disk{what} ({free}); nothing was "
                    "half-written (fix: free space on that disk, or point the output at a larger "
                    "one, then run the same command again)")
+
+
+def access_denied(error: OSError, doing: str) -> str:
+    """The one line for an OSError of DENIED that `doing` (nmt evaluate) met: the read-only
+    file system, the file it may not read, or the file or folder it may not write."""
+    path = Path(error.filename) if error.filename else Path.cwd()
+    if error.errno == errno.EROFS:
+        return (f"{path}: on a read-only file system, and {doing} writes there (fix: run it in a "
+                "copy on a writable disk)")
+    try:
+        if path.exists() and not os.access(path, os.R_OK):
+            return f"{path}: not readable, and {doing} reads it (fix: chmod u+r {path})"
+        if not path.exists() or os.access(path, os.W_OK):  # a file to make in its folder
+            path = path.parent
+            while not path.exists():
+                path = path.parent
+    except PermissionError:  # a folder on its way this user may not enter
+        return (f"{path}: permission denied, and {doing} needs it (fix: give this user access "
+                "to the folders on its way, or run in a copy you may write)")
+    shown = Path.cwd() if path == Path(".") else path  # not a bare "."
+    return (f"{shown}: not writable, and {doing} writes there (fix: chmod u+w {shown}, or run "
+            "in a copy you may write)")
 
 
 def out_of_memory(error: BaseException) -> str | None:

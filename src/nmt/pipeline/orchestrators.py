@@ -41,19 +41,25 @@ def _alive(pid: int, name: str) -> bool:
 
 
 def dvc_holder(root: Path = Path(".")) -> int | None:
-    """The pid of the DVC command holding root's repository lock, else None. Probing takes the
-    lock for an instant; a DVC starting just then retries for seconds, as it does anyway."""
+    """The pid of the DVC command holding root's repository lock, else None. Probing takes a
+    shared lock for an instant (DVC takes it exclusively; a DVC starting just then retries for
+    seconds, as it does anyway). The file is opened to read only, so a checkout this user may
+    not write (read-only, another user's) is probed too."""
     path = root / DVC_LOCK
-    if not path.is_file():
+    try:
+        lock = open(path)
+    except (FileNotFoundError, IsADirectoryError):  # no DVC command ran here yet
         return None
-    with open(path, "a+") as f:
+    except PermissionError:
+        raise NmtError(f"{path}: not readable, so whether dvc is running in this folder cannot "
+                       f"be told (fix: chmod a+r {path}, or run in a copy you may write)") from None
+    with lock:
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            text = f.read().strip()
+            text = lock.read().strip()
             return int(text) if text.isdigit() else -1
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
     return None
 
 

@@ -17,6 +17,9 @@ from nmt.pipeline.corpus import CORPUS_SECTIONS, check_corpus
 from nmt.pipeline.recipes import resolve
 
 SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
+# What the schema asks of a name that becomes part of a path (a recipe: params/<recipe>.yaml,
+# results/<recipe>-<model>-s<seed>/); no `/`, no `..`.
+NAME_PATTERN = "^[a-z][a-z0-9_]*$"
 
 # libyaml's parser where PyYAML was built with it (the wheels are): the same YAML 1.1 and the
 # same values, about 8x faster than the pure-Python one, and every `nmt` command reads
@@ -122,6 +125,10 @@ def schema_error_line(err: jsonschema.ValidationError) -> str:
         return f"{where}: unknown key {', '.join(map(repr, unknown))} (fix: remove it; {hint})"
     if err.validator == "required":
         return f"{where}: {err.message} (fix: add it, as in the repository's params.yaml)"
+    if err.validator == "pattern" and err.validator_value == NAME_PATTERN:
+        return (f"{where}: {err.instance!r} is not a name: the pipeline makes file and folder "
+                f"names of it (fix: lower-case letters, digits and _, starting with a letter: "
+                f"{NAME_PATTERN})")
     if err.validator == "enum":
         choices = ", ".join(map(repr, err.validator_value))
         return f"{where}: {err.instance!r} is not allowed (fix: use one of {choices})"

@@ -11,6 +11,7 @@ has no GPU). Every problem is one NmtError line naming the fix.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from nmt.core.errors import NmtError
@@ -23,6 +24,7 @@ from nmt.pipeline.corpus import (
     local_files,
     raw_names,
 )
+from nmt.pipeline.params import read_yaml
 from nmt.pipeline.recipes import resolve
 
 # Where stages write (logs: Snakemake's); each, or its nearest existing parent, must be writable.
@@ -56,6 +58,39 @@ def check_settings(params: dict, root: Path = Path(".")) -> None:
             if not os.access(path, os.W_OK | os.X_OK):
                 raise NmtError(f"{path}: not writable, and the pipeline writes there (fix: "
                                f"chmod u+w {path}, or run in a copy you may write)")
+
+
+def check_outputs_writable(stage: str, args, root: Path = Path(".")) -> None:
+    """Before `nmt <stage>` does any work: the folder each of its outputs goes into (the
+    nearest that exists) is a folder this user may write, so that a read-only checkout, or
+    another user's, is one line before the work rather than a traceback after it. Its outputs:
+    --out where the command line gives one, else those workflow/stages.yaml declares, with
+    {recipe}, {model} and {seed} from the command line."""
+    declaration = root / "workflow" / "stages.yaml"
+    declared = {}  # the stage's entry: its outs, metrics, plots
+    if declaration.is_file():
+        stages = read_yaml(declaration.read_text(), str(declaration)).get("stages", {})
+        declared = stages.get(stage) or {}
+    if getattr(args, "out", None):
+        outputs = [root / args.out]
+    elif declared:
+        paths = [*declared.get("outs", []), *declared.get("metrics", []),
+                 *declared.get("plots", [])]
+        outputs = [root / re.sub(r"\{(recipe|model|seed)\}",
+                                 lambda m: str(getattr(args, m.group(1))), path)
+                   for path in paths]
+    else:  # not run in a checkout, or a stage not declared yet: nothing to check
+        return
+    for output in outputs:
+        folder = output.parent
+        while not folder.exists():
+            folder = folder.parent
+        if not folder.is_dir():
+            raise NmtError(not_a_folder(folder))
+        if not os.access(folder, os.W_OK | os.X_OK):
+            shown = Path.cwd() if folder == Path(".") else folder  # not a bare "."
+            raise NmtError(f"{shown}: not writable, and nmt {stage} writes there (fix: chmod "
+                           f"u+w {shown}, or run in a copy you may write)")
 
 
 def writable_needed(folder: Path) -> list[Path]:
