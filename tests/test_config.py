@@ -375,7 +375,11 @@ def test_nmt_keeps_freed_memory_for_the_next_step():
     maps any block over 32 MB for itself and hands it back when freed, so each step faults all
     its pages in again (16,384); after keep_freed_memory (which `nmt` calls first) the heap
     keeps it. It settles within a few allocations (torch's aligned blocks leave gaps that
-    take a few frees to merge): the last 10 of 20 fault nothing."""
+    take a few frees to merge): the last 10 of 20 fault nothing, or next to it. Where the
+    kernel pages out memory a process holds but has not touched for a while (DAMON's pageout
+    scheme, on the AMD EPYC machine CI ran on in issue 55), a kept block can fault in again: 2
+    or 3 of those 10 allocations did under load there (32,768 and 49,153 faults). So the kept
+    heap must fault at most a third as often as glibc's own settings, which fault every time."""
     code = ("import resource, sys, torch; from nmt.core.process import keep_freed_memory\n"
             "kept = sys.argv[1] == 'kept' and keep_freed_memory()\n"
             "for step in range(20):\n"
@@ -390,7 +394,7 @@ def test_nmt_keeps_freed_memory_for_the_next_step():
         if how == "kept" and out[0] == "False":
             pytest.skip("the C library is not glibc: it has no mallopt")
         faults[how] = int(out[1])  # of the last 10 allocations
-    assert faults["default"] >= 10 * 16384 and faults["kept"] <= 100, faults
+    assert faults["default"] >= 10 * 16384 and faults["kept"] <= faults["default"] / 3, faults
 
 
 def test_the_study_recipes_differ_from_published_only_where_they_say():

@@ -152,7 +152,7 @@ def at_once(args: argparse.Namespace, count: int) -> dict:
         raise Failure(f"{count} at once: process {failed[0][1]} failed: {failed[0][2]}")
     seconds = max(row["end"] for row in rows) - min(row["start"] for row in rows)
     peaks = [row["peak_memory_mb"] for row in rows if row["peak_memory_mb"] is not None]
-    return {"processes": count, "seconds": round(seconds, 3),
+    return {"processes": count, "seconds": round(seconds, 6),
             "updates_per_s": round(count * args.updates / seconds, 3),
             "each_updates_per_s": [round(args.updates / (row["end"] - row["start"]), 3)
                                    for row in sorted(rows, key=lambda row: row["index"])],
