@@ -142,7 +142,11 @@ def fake_tree(root: Path, mirror: Path, recipes, models, seeds, testsets) -> tup
            for k in ("train", "greedy", "beam")},
         "peak_memory_mib": {"baseline": 4000, "scratch": 4200},
         "mfu": {"baseline": 0.31, "scratch": 0.29},
-        "padding": {"random": 0.4271, "bucketed": 0.0612}})
+        "padding": {"random": 0.4271, "bucketed": 0.0612},
+        "ratio_max_spread": 0.2, "ratio_spread": {
+            key: {"median": 0.95, "quartiles": [0.9, 0.99 if trusted else 1.3],
+                  "spread": 0.095 if trusted else 0.421, "pairs": 5, "trusted": trusted}
+            for key, trusted in (("train", True), ("greedy", True), ("beam", False))}})
     return params, paths
 
 
@@ -275,6 +279,11 @@ def test_sections_and_setup_follow_params(full):
                      r"\(ours\) +\| scratch \(published\) +\|", text)
     assert re.search(r"\| 1 +\| \d\.\d{3} +\| 3\.80 +\| \d\.\d{3} +\| 3\.84 +\|", text)
     assert "training batches: random 42.7%, bucketed 6.1%." in text  # bench.json's padding
+    # each ratio's spread, and the one too wide to trust said so
+    assert re.search(r"\| train tokens/s +\| .*\| +0\.95 \| 0\.90-0\.99 \(10%\) +\|", text)
+    assert re.search(r"\| beam sentences/s +\| .*\| +0\.95 \| 0\.90-1\.30 \(42%, NOT TRUSTED\) \|",
+                     text)
+    assert "over 20% a ratio is NOT TRUSTED" in text
     # The device report: what trained, in which precision, compiled how fast, in how much memory
     assert "Trained on: NVIDIA H100 80GB HBM3 (peak memory: cuda max_memory_allocated)" in text
     assert re.search(r"\| wall s +\| +epochs s +\| precision +\| +compile s +\| +CUDA graphs "

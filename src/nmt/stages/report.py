@@ -651,11 +651,19 @@ def bench_lines(inp: Inputs) -> list[str]:
     bench = read_json(need(inp.results / "bench.json"))
     units = {"train": "train tokens/s", "greedy": "greedy sentences/s",
              "beam": "beam sentences/s"}
+    spreads = bench.get("ratio_spread", {})  # benches before issue 58 did not measure it
     rows = [{"what": label, **{m: v for m, v in bench[k].items() if m != "ratio"},
-             **({"scratch/baseline": bench[k]["ratio"]} if "ratio" in bench[k] else {})}
+             **({"scratch/baseline": bench[k]["ratio"]} if "ratio" in bench[k] else {}),
+             **({"ratio quartiles": spread_cell(spreads[k])} if k in spreads else {})}
             for k, label in units.items()]
     lines = [f"### Speed benchmark (`nmt bench`, {bench['device']}, recipe {bench['recipe']})",
              "", md_table(pd.DataFrame(rows), ".2f"), ""]
+    if spreads:
+        lines += ["Each ratio is the median of per-pair ratios: the models alternate step by "
+                  "step on the same work. `ratio quartiles` are those ratios' quartiles and "
+                  "their spread (interquartile range over the median); over "
+                  f"{bench['ratio_max_spread']:.0%} a ratio is NOT TRUSTED: other load on the "
+                  "machine moved it (run `nmt bench` again on a quiet machine).", ""]
     if bench.get("padding"):  # random and bucketed sentence batches, or token batches
         lines += ["Padding, the padded share of the source and target positions of an epoch's "
                   "training batches: " + ", ".join(
@@ -675,6 +683,13 @@ def bench_lines(inp: Inputs) -> list[str]:
         lines += ["Peak GPU memory in training: " + ", ".join(
             f"{m} {v:,} MiB" for m, v in bench["peak_memory_mib"].items()) + ".", ""]
     return lines
+
+
+def spread_cell(spread: dict) -> str:
+    """A ratio's quartiles and spread (bench.json's ratio_spread) as a table cell."""
+    low, high = spread["quartiles"]
+    return (f"{low:.2f}-{high:.2f} ({spread['spread']:.0%}"
+            f"{'' if spread['trusted'] else ', NOT TRUSTED'})")
 
 
 def verification_section(inp: Inputs) -> list[str]:
