@@ -148,20 +148,18 @@ def load_pairs(tokenized_dir: Path, split: str, src_codec, tgt_codec, max_len: i
     if src_lines != tgt_lines:
         raise NmtError(f"{src_path} has {src_lines} lines but {tgt_path} has {tgt_lines}: the "
                        f"{split} split is not aligned (fix: re-run nmt tokenize)")
-    read = {path: read_side(path, codec, max_len)
-            for path, codec in ((src_path, src_codec), (tgt_path, tgt_codec))}
-    sides = {path: side for path, (side, _) in read.items()}
-    for path, side in sides.items():
+    (src, src_cut), (tgt, tgt_cut) = (read_side(path, codec, max_len) for path, codec in
+                                      ((src_path, src_codec), (tgt_path, tgt_codec)))
+    for path, side in ((src_path, src), (tgt_path, tgt)):
         if len(side.ids) == 2 * len(side):  # <bos> <eos> a sentence: nothing to learn or score
             raise no_text(path, split, len(side))
-    (_, src_cut), (_, tgt_cut) = read.values()
     if cut := int((src_cut | tgt_cut).sum()):
         log.warning("%s: %d of %d pairs are longer than model.max_len %d allows (%d + <bos> and "
                     "<eos>) on the source side (%d) or the target side (%d); each keeps its first "
                     "%d tokens (fix, to keep them whole: raise model.max_len)", split, cut,
                     len(src_cut), max_len, max_len - 2, int(src_cut.sum()), int(tgt_cut.sum()),
                     max_len - 2)
-    return Pairs(*sides.values())
+    return Pairs(src, tgt)
 
 
 def side_file(tokenized_dir: Path, split: str, codec) -> Path:

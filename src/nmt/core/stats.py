@@ -339,15 +339,14 @@ def loss_verdict(seed_test: Comparison | None, first_bootstrap: Comparison,
     where = f"the interval {WHERE[interval]} ±{margin:g}"
     figures = (f"(difference {c.difference:+.3f}, 95% CI {c.low:+.3f} .. {c.high:+.3f}, "
                f"{'Welch ' if seed_test else ''}p {p})")
+    judged = f"{better} is better" if c.p < alpha else "no significant difference"
     if seed_test is not None:
-        judged = f"{better} is better" if c.p < alpha else "no significant difference"
         sentence = (f"Over {system.n} seeds, {c.system}'s test loss is {system.mean:.3f} ± "
                     f"{system.std:.3f} against {c.baseline}'s {baseline.mean:.3f} ± "
                     f"{baseline.std:.3f} {figures}: {judged}; {where}: "
                     f"{MEANING[interval]} {margin:g}.")
         outcome = interval
     else:
-        judged = (f"{better} is better" if c.p < alpha else "no significant difference")
         sentence = (f"One seed ({c.seed}), so training noise is unmeasured and only the paired "
                     f"bootstrap over test sentences speaks: {c.system}'s test loss is "
                     f"{c.system_score:.3f} against {c.baseline}'s {c.baseline_score:.3f} "
