@@ -197,6 +197,13 @@ class DecodeConfig:
         return f"a smaller {self.batch_key}"
 
 
+def length_batches(sources: list, batch_size: int) -> list[list[int]]:
+    """The indices of `sources` (id lists) in decoding batches of batch_size, longest first:
+    little padding per batch, and an out-of-memory error shows at once."""
+    order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
 def translate_batches(model, sources, dc: DecodeConfig, desc: str = "",
                       progress: bool = True) -> list[list[int]]:
     """Decode many sentences, batched by length; outputs come back in input order.
@@ -207,15 +214,12 @@ def translate_batches(model, sources, dc: DecodeConfig, desc: str = "",
         raise ValueError(f"unknown search method {dc.method!r}; use 'greedy' or 'beam'")
     sources = [s[0] if isinstance(s, tuple) else s for s in sources]
     device = next(model.parameters()).device
-    # Longest first: little padding per batch, and an out-of-memory error shows at once.
-    order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     outputs: list[list[int]] = [[] for _ in sources]
     # The bar is closed on an error too (leave=False: cleared), so the error's line starts a
     # line of its own.
     with tqdm(total=len(sources), desc=desc or dc.method, unit="sent", leave=False,
               disable=not progress) as bar, memory_fix(dc.shrink()):
-        for start in range(0, len(order), dc.batch_size):
-            idx = order[start : start + dc.batch_size]
+        for idx in length_batches(sources, dc.batch_size):
             src = pad([sources[i] for i in idx]).to(device)
             limits = output_limits([len(sources[i]) - 2 for i in idx], dc.max_len_a,
                                    dc.max_len_b, dc.cap)

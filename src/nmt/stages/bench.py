@@ -38,7 +38,7 @@ import torch
 
 from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.data import Batches, load_pairs, padding_fraction
-from nmt.core.decoding import DecodeConfig, translate_batches
+from nmt.core.decoding import DecodeConfig, length_batches, translate_batches
 from nmt.core.files import write_json
 from nmt.core.runtime import (
     autocast,
@@ -137,9 +137,8 @@ def decoder_steps(model, sources, device, dc: DecodeConfig, precision: str = "fp
     """Functions that each decode one batch of the sources, batched as nmt evaluate batches
     them (longest first, dc.batch_size a batch), in `precision` (as evaluate decodes:
     nmt.training.precision's choice for decoding)."""
-    longest_first = sorted(sources, key=lambda pair: -len(pair[0]))
-    batches = [longest_first[start:start + dc.batch_size]
-               for start in range(0, len(longest_first), dc.batch_size)]
+    batches = [[sources[i] for i in idx]
+               for idx in length_batches([pair[0] for pair in sources], dc.batch_size)]
 
     def step(batch):
         with autocast(device, precision):
