@@ -40,6 +40,9 @@ test-fast: setup  ## every test but the end-to-end runs of the orchestrators: th
 coverage: setup  ## the whole test suite, with the line coverage of each module of src/nmt
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --cov --cov-report=term
 
+check-data: setup  ## every SHA256SUMS and DVC cache object against the bytes: one line a damaged file (`nmt check`)
+	$(BIN)/nmt check
+
 reproduce: setup  ## the whole comparison: download ... report (`dvc repro`)
 	$(BIN)/dvc repro
 

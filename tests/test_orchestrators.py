@@ -435,34 +435,81 @@ def test_a_read_only_checkout_is_one_line_to_a_writer_and_works_for_a_reader(tra
 
 # ---- item 7: a file damaged inside a folder output -------------------------------------------
 
+def cache_object(root: Path, path: Path) -> Path:
+    md5 = hashlib.md5((root / path).read_bytes()).hexdigest()
+    return root / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def damage_cached(cached: Path, old: bytes, new: bytes) -> None:
+    """One byte changed in a cache object, which stays read-only: DVC then trusts it and never
+    hashes it again (a writable one it would check, and drop)."""
+    cached.chmod(0o644)
+    cached.write_bytes(cached.read_bytes().replace(old, new, 1))
+    cached.chmod(0o444)
+
+
 @pytest.mark.slow
 def test_a_damaged_cache_object_is_refused_under_each_tool_and_each_recovers(trained):
     """Issue 49: a byte changed in DVC's cache object of train.en.tok; `dvc checkout` restores
     it as it is (DVC trusts its cache), and `dvc repro -f -s vocab@published` built it into
     the vocabulary. Now the reader checks it against data/tokenized/SHA256SUMS: one line
-    under DVC and Snakemake alike, and the re-run it names repairs the cache too."""
+    under DVC and Snakemake alike. Issue 58 item 2: `nmt check` finds the damaged object
+    before any checkout, and the re-run the line names repairs the cache too (the object
+    stays read-only, as real damage leaves it, so DVC never checks it itself)."""
     run(["dvc", "repro", "config@published"], trained)  # a test before may leave it deleted
     tok = trained / "data" / "tokenized" / "train.en.tok"
     intact = tok.read_bytes()
-    md5 = hashlib.md5(intact).hexdigest()
-    cached = trained / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
-    cached.chmod(0o644)  # DVC keeps its objects read-only
-    cached.write_bytes(intact.replace(b"Two", b"TwX", 1))
+    cached = cache_object(trained, tok.relative_to(trained))
+    damage_cached(cached, b"Two", b"TwX")
+    out = run(["nmt", "check"], trained, check=False)
+    assert out.splitlines()[0] == (
+        f"data/tokenized/train.en.tok: DVC's cached copy {cached.relative_to(trained)} is "
+        "damaged: its md5 is not its name, and `dvc checkout` would restore it as it is (fix: "
+        "`dvc repro -f -s tokenize`)"), out
     shutil.rmtree(trained / "data" / "tokenized")
     run(["dvc", "checkout", "data/tokenized"], trained)
     assert b"TwX" in tok.read_bytes()  # restored damaged, as DVC does
     line = ("data/tokenized/train.en.tok: its sha256 differs from the one recorded in "
             "data/tokenized/SHA256SUMS: the file is damaged or not the stage's (fix: `dvc repro "
-            "-f -s tokenize`, or `rm -r data/tokenized` and run snakemake again; `dvc checkout` "
-            "restores DVC's cached copy, which may be the damaged one)")
+            "-f -s tokenize`, which replaces DVC's damaged copy too, or `rm -r data/tokenized` "
+            "and run snakemake again)")
     out = run(["dvc", "repro", "-f", "-s", "vocab@published"], trained, check=False)
     assert [e for e in error_lines(out) if not e.startswith("ERROR: failed to reproduce")] == [
         f"nmt vocab: error: {line}"], out
     assert error_lines(run(["snakemake", "-n"], trained, check=False)) == [
         f"snakemake: error: {line}"]
+    assert line in run(["nmt", "check"], trained, check=False).splitlines()
     run(["dvc", "repro", "-f", "-s", "tokenize"], trained)  # the fix the line names
     assert tok.read_bytes() == intact and cached.read_bytes() == intact  # the cache repaired
+    shutil.rmtree(trained / "data" / "tokenized")
+    run(["dvc", "checkout", "data/tokenized"], trained)
+    assert tok.read_bytes() == intact  # and what DVC restores is intact
     assert "snakemake: error" not in run(["snakemake", "-n"], trained)
+    assert run(["nmt", "check"], trained).startswith("nmt.check: 0 damaged")
+
+
+@pytest.mark.slow
+def test_a_damaged_cache_object_of_a_trained_model_is_found_and_its_fix_repairs_it(trained):
+    """A stage without a record (train): `nmt check` names the object and, the workspace copy
+    being intact, the cheap fix (remove it, commit again), after which DVC restores intact
+    bytes."""
+    run(["dvc", "repro", "vocab@published"], trained)  # a test before may leave it deleted
+    best = trained / RUN / "history.csv"
+    intact = best.read_bytes()
+    cached = cache_object(trained, RUN / "history.csv")
+    damage_cached(cached, b"1", b"7")
+    out = run(["nmt", "check"], trained, check=False)
+    rm = f"rm -f {cached.relative_to(trained)}"
+    assert out.splitlines()[0] == (
+        f"{RUN}/history.csv: DVC's cached copy {cached.relative_to(trained)} is damaged: its md5 "
+        "is not its name, and `dvc checkout` would restore it as it is (fix: "
+        f"`{rm}`, then `dvc commit -f train@published-baseline-0`)"), out
+    subprocess.run(rm, shell=True, cwd=trained, check=True)
+    run(["dvc", "commit", "-f", "train@published-baseline-0"], trained)
+    best.unlink()
+    run(["dvc", "checkout", str(RUN / "history.csv")], trained)
+    assert best.read_bytes() == intact
+    assert run(["nmt", "check"], trained).startswith("nmt.check: 0 damaged")
 
 
 def test_results_that_is_a_file_is_one_line_under_each_tool(tmp_path, mirror):

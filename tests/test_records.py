@@ -62,9 +62,8 @@ def test_a_changed_byte_in_tokenized_data_is_refused_where_vocab_reads_it(prepar
     record = tokenized / RECORD
     assert str(err.value) == (
         f"{tokenized / 'train.en.tok'}: its sha256 differs from the one recorded in {record}: "
-        "the file is damaged or not the stage's (fix: `dvc repro -f -s tokenize`, or `rm -r "
-        f"{tokenized}` and run snakemake again; `dvc checkout` restores DVC's cached copy, "
-        "which may be the damaged one)")
+        "the file is damaged or not the stage's (fix: `dvc repro -f -s tokenize`, which "
+        f"replaces DVC's damaged copy too, or `rm -r {tokenized}` and run snakemake again)")
     assert not (tmp_path / "vocab").exists()  # nothing built from it
     # train, verify, evaluate, export and bench read pairs through load_pairs: refused too
     with pytest.raises(NmtError, match="train.en.tok: its sha256 differs"):
@@ -130,3 +129,47 @@ def test_a_flipped_weight_fails_the_checkpoints_crc(tmp_path):
     read(tmp_path / "best.pt")  # the intact file still loads
     state, why = resume.read(bad)
     assert state is None and "fails the CRC-32 check" in why
+
+
+def test_nmt_check_names_every_damaged_missing_or_unlisted_file_and_exits_1(prepared, tmp_path,
+                                                                              capsys):
+    """Issue 58 item 2: `nmt check` reads every record under data/, results/ and exports/ and
+    prints one line for each file that differs, is gone or is not listed; exit status 1."""
+    from nmt.cli import main
+
+    data = tmp_path / "data"
+    copy(prepared["tokenized"], data / "tokenized")
+    copy(prepared["word"], data / "vocab" / "word")
+    assert main(["check", "--root", str(tmp_path)]) == 0
+    damage(data / "tokenized" / "train.en.tok")
+    (data / "vocab" / "word" / "src.json").unlink()
+    (data / "vocab" / "word" / "extra.json").write_text("[]")
+    assert main(["check", "--root", str(tmp_path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        str(data / "tokenized" / "train.en.tok"), str(data / "vocab" / "word" / "extra.json"),
+        str(data / "vocab" / "word" / "src.json")]
+    assert "its sha256 differs" in lines[0] and "not listed" in lines[1]
+    assert "missing, but listed" in lines[2]
+
+
+def test_a_damaged_cache_object_outside_the_checkout_is_named_never_removed(tmp_path, caplog):
+    """A DVC cache set outside the checkout (`dvc cache dir`): a stage's re-run names its damaged
+    object and the fix, and deletes nothing there."""
+    from nmt.core.dvc_cache import damaged_objects, evict_damaged, object_path
+
+    checkout, cache = tmp_path / "checkout", tmp_path / "shared-cache"
+    (checkout / ".dvc").mkdir(parents=True)
+    (checkout / ".dvc" / "config").write_text("[core]\n    autostage = true\n[cache]\n"
+                                              "    dir = ../../shared-cache\n")
+    md5 = "0123456789abcdef0123456789abcdef"
+    (checkout / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  tokenize:\n    cmd: nmt tokenize\n    outs:\n"
+        f"    - path: data/a.txt\n      hash: md5\n      md5: {md5}\n      size: 3\n")
+    damaged = object_path(cache, md5)
+    damaged.parent.mkdir(parents=True)
+    damaged.write_text("not what its name says")
+    assert [c.object for c in damaged_objects(checkout)] == [damaged]
+    evict_damaged("tokenize", checkout)
+    assert damaged.read_text() == "not what its name says"
+    assert "outside the checkout, so it stays (fix: remove it by hand" in caplog.text

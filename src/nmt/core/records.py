@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nmt.core.dvc_cache import evict_damaged
 from nmt.core.errors import NmtError
 from nmt.core.files import sha256, write_text
 
@@ -27,12 +28,14 @@ STAGE = "# written by DVC stage "  # the record's first line, then the stage's n
 
 def write_record(folder: Path, stage: str) -> None:
     """folder/SHA256SUMS: the sha256 of every file under folder (sub-folders too), sorted;
-    `stage` is the DVC stage that writes them (tokenize, vocab@published, ...)."""
+    `stage` is the DVC stage that writes them (tokenize, vocab@published, ...). Its damaged
+    DVC cache objects go (nmt.core.dvc_cache)."""
     folder = Path(folder)
     names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
                    if p.is_file() and p != folder / RECORD)
     write_text(folder / RECORD, "".join([f"{STAGE}{stage}\n"] + [
         f"{sha256(folder / name)}  {name}\n" for name in names]))
+    evict_damaged(stage)  # so that DVC re-adds the intact copies: the re-run repairs its cache
 
 
 def read_sums(path: Path) -> dict[str, str]:
@@ -56,13 +59,14 @@ def recorded_stage(record: Path) -> str | None:
 
 def damaged(path: Path, why: str, record: Path) -> NmtError:
     """The one line for a file that is not what its stage wrote, with both fixes: DVC re-runs
-    the stage (-f: its run-cache and its cache may hold the damaged copy), and Snakemake,
-    which checks the records when it parses the workflow, re-makes a folder that is gone."""
+    the stage (-f: its run-cache and its cache may hold the damaged copy, which the re-run
+    removes, write_record), and Snakemake, which checks the records when it parses the
+    workflow, re-makes a folder that is gone."""
     stage = recorded_stage(record)
-    rerun = f"`dvc repro -f -s {stage}`" if stage else "re-run the stage that wrote it"
+    rerun = (f"`dvc repro -f -s {stage}`, which replaces DVC's damaged copy too" if stage
+             else "re-run the stage that wrote it")
     return NmtError(f"{path}: {why} {record}: the file is damaged or not the stage's (fix: "
-                    f"{rerun}, or `rm -r {record.parent}` and run snakemake again; `dvc "
-                    "checkout` restores DVC's cached copy, which may be the damaged one)")
+                    f"{rerun}, or `rm -r {record.parent}` and run snakemake again)")
 
 
 # (path, size, mtime, inode) -> sha256: a file read twice by one process is hashed once.
