@@ -512,6 +512,28 @@ def test_a_damaged_cache_object_of_a_trained_model_is_found_and_its_fix_repairs_
     assert run(["nmt", "check"], trained).startswith("nmt.check: 0 damaged")
 
 
+@pytest.mark.slow
+def test_a_time_stamp_in_the_future_is_one_line_before_snakemake_deletes_anything(trained):
+    """Issue 58 item 7: data/tokenized stamped a day ahead. Snakemake ran vocab (its input is
+    newer), then failed the job (its output older than its input) and deleted the vocabulary
+    it had just built. Now it refuses when it reads the workflow, in one line whose fix works."""
+    run(["dvc", "checkout", "data/vocab/published", "data/tokenized"], trained)
+    vocab = trained / "data" / "vocab" / "published"
+    tokenized = trained / "data" / "tokenized"
+    before = {p.name: p.read_bytes() for p in vocab.iterdir()}
+    ahead = time.time() + 86400
+    os.utime(tokenized, (ahead, ahead))
+    out = run(["snakemake", "--cores", "1", "data/vocab/published"], trained, check=False)
+    errors = error_lines(out)
+    assert len(errors) == 1 and errors[0].startswith(
+        "snakemake: error: data/tokenized: modified in the future ("), out
+    assert {p.name: p.read_bytes() for p in vocab.iterdir()} == before
+    fix = re.search(r"fix: `([^`]+)`", errors[0]).group(1)
+    subprocess.run(fix, shell=True, cwd=trained, check=True)
+    assert tokenized.stat().st_mtime <= time.time()
+    assert "snakemake: error" not in run(["snakemake", "-n"], trained, check=False)
+
+
 def test_results_that_is_a_file_is_one_line_under_each_tool(tmp_path, mirror):
     """`results` a plain file: the preflight of both tools names it and the fix (not chmod),
     and a stage run by hand that writes under it says the same."""

@@ -77,3 +77,16 @@ def test_dvc_experiments(dvc_run):
     assert "Running stage 'vocab@published'" not in out  # epochs reach training, not data
     shown = run(["dvc", "exp", "show", "--csv"], dvc_run)
     assert "train.epochs" in shown and "bleu" in shown
+    # Issue 58 item 7: the resolved recipe (params/, git-ignored) comes back with the rest,
+    # going back to the commit and applying the experiment again; DVC had left it as the last
+    # run wrote it, and called config changed until the next `dvc repro`.
+    resolved = dvc_run / "params" / "published.yaml"
+    experiment = resolved.read_text()
+    run(["git", "checkout", "params.yaml", "dvc.lock"], dvc_run)
+    run(["dvc", "checkout"], dvc_run)
+    assert resolved.read_text() != experiment
+    assert "up to date" in run(["dvc", "status", "config@published"], dvc_run)
+    run(["dvc", "exp", "apply", run(["dvc", "exp", "ls", "--name-only"], dvc_run).split()[-1]],
+        dvc_run)
+    assert resolved.read_text() == experiment
+    assert "up to date" in run(["dvc", "status", "config@published"], dvc_run)

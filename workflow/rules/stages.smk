@@ -12,6 +12,7 @@ SHARED_CODE = [
     "src/nmt/__init__.py",
     "src/nmt/cli.py",
     "src/nmt/core/__init__.py",
+    "src/nmt/core/dvc_cache.py",
     "src/nmt/core/errors.py",
     "src/nmt/core/files.py",
     "src/nmt/core/process.py",

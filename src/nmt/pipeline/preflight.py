@@ -3,7 +3,7 @@ model (or any output) for a job that was bound to fail.
 
 Both tools delete a stage's outputs before they run it. So these run first: DVC's config
 stage (the first stage `dvc repro` runs after any params edit) calls `check_settings`;
-Snakemake calls `check_settings` and `check_inputs` when it parses the workflow and
+Snakemake calls `check_settings`, `check_inputs` and `check_clock` when it parses the workflow and
 `check_devices` in its onstart (on the machine that runs the jobs; a cluster's login node
 has no GPU). Every problem is one NmtError line naming the fix.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from datetime import datetime
 from pathlib import Path
 
 from nmt.core.errors import NmtError
@@ -29,6 +31,10 @@ from nmt.pipeline.recipes import resolve
 
 # Where stages write (logs: Snakemake's); each, or its nearest existing parent, must be writable.
 OUTPUT_FOLDERS = ("data", "params", "results", "exports", "reports", "logs")
+# What Snakemake compares time stamps of: the stages' inputs and outputs, their code.
+TIMED = ("params.yaml", "workflow", "src", "data", "params", "results", "exports", "reports")
+# How far ahead of the clock a time stamp may be (a file system's own rounding) before it counts.
+CLOCK_SLACK_S = 2.0
 
 
 def check_settings(params: dict, root: Path = Path(".")) -> None:
@@ -135,3 +141,36 @@ def check_inputs(root: Path = Path(".")) -> None:
                    *sorted((root / "data" / "vocab").glob("*/")),
                    *sorted((root / "results").glob("*/translations/"))]:
         check_folder(folder)
+
+
+def check_clock(root: Path = Path(".")) -> None:
+    """No input or output time stamp in the future. Snakemake ends each job by checking that
+    its outputs are newer than its inputs: an input stamped in the future (a copy from a
+    machine whose clock runs ahead, an archive) fails the job after it deleted and rewrote
+    its outputs, and the failed job's outputs are deleted too (data/vocab/<recipe> for a
+    future data/tokenized; a trained model for a future vocabulary)."""
+    now = time.time()
+    ahead = sorted(path for top in TIMED for path in _walk(Path(root) / top)
+                   if path.lstat().st_mtime > now + CLOCK_SLACK_S)
+    if ahead:
+        tops = " ".join(t for t in TIMED if os.path.lexists(Path(root) / t))
+        stamp = datetime.fromtimestamp(ahead[0].lstat().st_mtime).isoformat(" ", "seconds")
+        more = f" and {len(ahead) - 1} more" if len(ahead) > 1 else ""
+        raise NmtError(
+            f"{ahead[0]}{more}: modified in the future ({stamp}; the clock says "
+            f"{datetime.fromtimestamp(now).isoformat(' ', 'seconds')}), so Snakemake would "
+            "fail the job that reads it after deleting that job's outputs (fix: `find "
+            f"{tops} -newermt @{int(now)} -exec touch -c -h -d @{int(now)} {{}} +`, "
+            "which gives them all one time of now, or set the clock)")
+
+
+def _walk(path: Path):
+    """path and everything under it (links not followed); nothing when it is not there."""
+    if not os.path.lexists(path):
+        return
+    yield path
+    if path.is_dir() and not path.is_symlink():
+        for folder, dirs, files in os.walk(path):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in dirs + files:
+                yield Path(folder) / name
