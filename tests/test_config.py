@@ -14,8 +14,9 @@ from nmt.cli import build_parser, main
 from nmt.core.decoding import MAX_BEAM
 from nmt.core.errors import NmtError
 from nmt.core.runs import Run
+from nmt.models import registry
 from nmt.pipeline.commandline import thread_count, usable_cores
-from nmt.pipeline.params import load_params
+from nmt.pipeline.params import SCHEMA_PATH, load_params, read_schema
 from nmt.pipeline.recipes import resolve
 
 DEMO_IS = "demo_d10"  # the search step the demo copies (= demo_s14 + the decoder-only's depth)
@@ -30,6 +31,23 @@ def test_repository_params_are_valid():
     assert published["train"]["batch_size"] == 32 and published["train"]["epochs"] == 15
     assert Run("published", "scratch").name == "published-scratch-s0"
     assert Run.parse("tuned_no_bpe-baseline-s2") == Run("tuned_no_bpe", "baseline", 2)
+
+
+def test_the_schemas_model_names_are_the_registrys(params_file):
+    """pipeline.models and pipeline.export take their names from nmt.models.registry, the one
+    list of the models: the schema file lists none, validation adds them."""
+    raw = yaml.safe_load((REPO / SCHEMA_PATH).read_text())
+    assert "enum" not in raw["$defs"]["model_name"]
+    schema = read_schema(REPO / SCHEMA_PATH)
+    for key in ("models", "export"):
+        assert schema["properties"]["pipeline"]["properties"][key]["items"] == {
+            "$ref": "#/$defs/model_name"}
+    assert schema["$defs"]["model_name"]["enum"] == list(registry.names())
+    edit_params(params_file, pipeline={"models": ["lstm"]})
+    choices = ", ".join(map(repr, registry.names()))
+    with pytest.raises(NmtError, match=f"pipeline.models.0: 'lstm' is not allowed \\(fix: use "
+                                       f"one of {choices}\\)"):
+        load_params(params_file)
 
 
 @pytest.mark.parametrize(

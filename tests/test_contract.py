@@ -116,13 +116,20 @@ def module_names(modules: list[str]) -> set[str]:
     """As a stage's derived code names modules: a unit by its folder
     (nmt.models.scratch.attention -> models, nmt.stages.verify.measure -> stages/verify), a
     module by its file (nmt.stages.vocab -> stages/vocab.py), a package's own __init__ by that
-    file (nmt -> __init__.py, nmt.core -> core/__init__.py)."""
+    file (nmt -> __init__.py, nmt.core -> core/__init__.py). A unit's light modules
+    (declaration.LIGHT: nmt.models.registry) are their files, and so is the unit's __init__
+    where nothing else of the unit was imported."""
     units = {c for s in STAGES.values() for c in s.code if not c.endswith(".py")}
+    heavy = [m for m in modules if m not in declaration.LIGHT]
     out = set()
     for m in modules:
         path = "/".join(m.split(".")[1:])
         unit = next((u for u in units if path == u or path.startswith(u + "/")), None)
-        if unit:
+        if m in declaration.LIGHT:
+            out.add(path + ".py")
+        elif unit == path and not any(h.startswith(m + ".") for h in heavy):
+            out.add(f"{path}/__init__.py")
+        elif unit:
             out.add(unit)
         elif not path or (REPO / declaration.CODE / path).is_dir():
             out.add(f"{path}/__init__.py".lstrip("/"))
@@ -433,8 +440,13 @@ def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakema
         cases.setdefault((runners, "." in code), code)
     assert len(cases) >= 15 and {"models", "stages/verify"} <= set(cases.values())
     assert frozenset(STAGES) in {runners for runners, _ in cases}  # the shared code too
+    named = {c for s in STAGES.values() for c in s.code}
     for code in sorted(cases.values()):
-        rel = f"src/nmt/{code}" + ("/__init__.py" if "." not in code else "")
+        # a unit: a file of it that no stage names on its own (models/__init__.py is shared)
+        rel = f"src/nmt/{code}" if "." in code else next(
+            f"src/nmt/{code}/{p.relative_to(REPO / 'src/nmt' / code).as_posix()}"
+            for p in sorted((REPO / "src/nmt" / code).rglob("*.py"))
+            if f"{code}/{p.relative_to(REPO / 'src/nmt' / code).as_posix()}" not in named)
         saved = {root: ((root / rel).read_bytes(), (root / rel).stat()) for root in
                  (dvc_run, snakemake_run)}
         for root in saved:

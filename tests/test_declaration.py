@@ -110,6 +110,8 @@ def test_every_stage_runs_the_shared_code_and_its_own_module_first():
                 "commands/translate.py", "stages/train"} & set(shared)
     assert STAGES["verify"].code[len(shared)] == "stages/verify"  # a package: its folder
     assert "models" in STAGES["train"].code and "models" not in STAGES["report"].code
+    # params validation reads the model registry, torch-free: its files, not the models unit
+    assert {"models/__init__.py", "models/config.py", "models/registry.py"} <= set(shared)
 
 
 @pytest.mark.parametrize("where, planted, stage, found", [

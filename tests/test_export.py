@@ -183,7 +183,7 @@ def test_translate_with_the_engine_prints_what_our_model_prints(runs, prepared, 
 
 
 def test_what_cannot_be_exported_or_translated_is_one_line(runs, prepared, tmp_path, capsys):
-    with pytest.raises(NmtError, match="decoder-only model's attention"):
+    with pytest.raises(NmtError, match="cannot express the decoder_only model's attention"):
         export.export(settings_for(TINY), export.Paths(
             run=Run.parse("published-decoder_only-s0").files(runs), vocab=prepared["word"],
             tokenized=prepared["tokenized"], out=tmp_path / "out"))

@@ -1,19 +1,24 @@
-"""The models: configuration, interface, weight mapping, incremental decoding, masks.
+"""The models: the registry, configuration, interface, weight mapping, incremental decoding,
+masks.
 
-The interface tests run on all three models; the mapping and equivalence tests on the two
-encoder-decoders (the decoder-only model has its own tests in test_decoder_only.py)."""
+The interface tests run on every model of the registry; the mapping and equivalence tests on
+the two twins, baseline and scratch (the decoder-only model has its own tests in
+test_decoder_only.py)."""
 
 import collections
 import dataclasses
+import inspect
 import math
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt.core.runs import MODEL_NAMES
-from nmt.models import MODELS, ModelConfig, build_model
+from nmt.models import MODELS, ModelConfig, build_model, registry
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
 from nmt.models.masks import bias
 from nmt.models.scratch import Dropout, MultiHeadAttention, scaled_dot_product_attention
@@ -22,7 +27,9 @@ SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhea
                     dim_feedforward=64, dropout=0.1, max_len=64)
 pytestmark = pytest.mark.usefixtures("one_thread")
 SRC_V, TGT_V, PAD = 50, 40, 1
-ENCODER_DECODERS = ("baseline", "scratch")
+MODEL_NAMES = registry.names()
+ENCODER_DECODERS = registry.encoder_decoders()
+TWINS = ("baseline", "scratch")  # the pair models.mapping relates: one function, two codes
 
 
 
@@ -48,9 +55,9 @@ def pair(cfg=SMALL, dtype=torch.float64, src_v=SRC_V, tgt_v=TGT_V):
 
 
 def model_named(name, dtype=torch.float64):
-    """pair()'s baseline or scratch, or a seeded decoder_only model; eval mode."""
-    if name in ENCODER_DECODERS:
-        return pair(dtype=dtype)[ENCODER_DECODERS.index(name)]
+    """pair()'s baseline or scratch, or another seeded model of the registry; eval mode."""
+    if name in TWINS:
+        return pair(dtype=dtype)[TWINS.index(name)]
     torch.manual_seed(0)
     return build_model(name, SMALL, SRC_V, TGT_V, PAD).to(dtype).eval()
 
@@ -69,11 +76,52 @@ def test_config_validation():
 
 
 def test_build_model_names():
-    assert MODEL_NAMES == ("baseline", "scratch", "decoder_only") == tuple(MODELS)
+    assert MODEL_NAMES[:3] == ("baseline", "scratch", "decoder_only")
     for name in MODEL_NAMES:
         assert isinstance(build_model(name, SMALL, SRC_V, TGT_V), nn.Module)
-    with pytest.raises(ValueError, match="unknown model"):
+    with pytest.raises(ValueError, match="unknown model 'lstm'; choose one of baseline, scratch"):
         build_model("lstm", SMALL, SRC_V, TGT_V)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_the_registry_says_what_each_model_is(name):
+    """Each entry against the model it builds: a name that can be part of a path, a class that
+    takes bos_id exactly where the entry says it reads it, an encoder-decoder exactly where it
+    has decode(tgt, memory, src), export for encoder-decoders only, and the closed-form
+    parameter count (untied and tied) equal to the model's."""
+    entry = registry.entry(name)
+    assert entry.name == name and re.fullmatch(r"[a-z][a-z0-9_]*", name)
+    signature = inspect.signature(entry.model_class())
+    assert ("bos_id" in signature.parameters) is entry.reads_bos
+    model = build_model(name, SMALL, SRC_V, TGT_V, PAD)
+    assert hasattr(model, "decode") is entry.encoder_decoder
+    assert entry.encoder_decoder or not entry.exports
+    assert n_params(model) == entry.parameters(SMALL, SRC_V, TGT_V)
+    tied = dataclasses.replace(SMALL, tie_embeddings=True)
+    assert n_params(build_model(name, tied, SRC_V, SRC_V)) == entry.parameters(tied, SRC_V,
+                                                                                SRC_V)
+    assert set(entry.positions) <= {"sinusoidal", "rotary"}
+    for positions in ("sinusoidal", "rotary"):
+        if positions not in entry.positions:
+            with pytest.raises(ValueError, match="positions"):
+                build_model(name, dataclasses.replace(SMALL, positions=positions), SRC_V, TGT_V)
+
+
+def test_the_reference_comes_first_among_the_encoder_decoders():
+    assert ENCODER_DECODERS[0] == registry.REFERENCE == "baseline"
+    assert set(ENCODER_DECODERS) == {n for n in MODEL_NAMES if MODELS[n].encoder_decoder}
+    assert set(registry.exportable()) <= set(ENCODER_DECODERS)
+
+
+def test_the_registry_and_the_light_layers_import_no_torch():
+    """The command line, params validation and run names read the registry: none of them
+    imports torch (a model's module is imported when one is built)."""
+    code = ("import sys; import nmt.models, nmt.core.runs, nmt.pipeline.params, "
+            "nmt.pipeline.commandline; from nmt.models import registry; registry.names(); "
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False"]
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

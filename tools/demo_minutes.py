@@ -43,6 +43,7 @@ import yaml
 
 from nmt.core.codecs import load_codecs
 from nmt.core.data import Batches, load_pairs
+from nmt.models import MODELS
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 
@@ -53,7 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="demo")
     parser.add_argument("--updates", type=int, default=100, help="updates timed a model")
-    parser.add_argument("--models", default="baseline,scratch,decoder_only")
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument("--tokenized", type=Path, default=REPO / "data/tokenized")
     parser.add_argument("--vocab", type=Path, default=None, help="default: data/vocab/<recipe>")

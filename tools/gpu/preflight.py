@@ -52,7 +52,7 @@ from nmt.core.runtime import (  # noqa: E402
     limit_attention_kernels,
     seed_everything,
 )
-from nmt.models import ModelConfig, build_model  # noqa: E402
+from nmt.models import MODELS, ModelConfig, build_model  # noqa: E402
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline  # noqa: E402
 from nmt.pipeline.params import load_params  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
@@ -544,8 +544,8 @@ def main(argv=None) -> int:
     parser.add_argument("--recipe", default="published")
     parser.add_argument("--data", type=Path, default=REPO / "data",
                         help="folder of tokenized/ and vocab/<recipe>/")
-    parser.add_argument("--models", default="baseline,scratch,decoder_only",
-                        help="models of parts A and B, comma-separated")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help="models of parts A and B, comma-separated (default: all)")
     parser.add_argument("--parts", default="ABC", help="A always runs (B needs its call types)")
     parser.add_argument("--draws", type=int, default=16, help="C: dropout draws a batch (4k)")
     parser.add_argument("--batches", type=int, default=8, help="C: real batches")

@@ -48,8 +48,8 @@ HELP = ("Print what a recipe's trainings will take on this CPU, from the precisi
 
 def arguments(s: argparse.ArgumentParser) -> None:
     commandline.recipe(s)
-    s.add_argument("--models", default="baseline,scratch,decoder_only",
-                   help="the models to estimate, comma separated")
+    s.add_argument("--models", default=",".join(MODELS),
+                   help="the models to estimate, comma separated (default: all)")
     s.add_argument("--vocab", type=Path, default=None,
                    help="the recipe's vocabulary, if built (default: data/vocab/<recipe>)")
     commandline.threads(s)
@@ -66,7 +66,7 @@ def estimate(settings: dict, recipe: str, models: list[str], vocab: Path) -> lis
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         raise NmtError(f"--models names {', '.join(unknown)}, no model of this project (fix: "
-                       "some of baseline, scratch, decoder_only)")
+                       f"some of {', '.join(MODELS)})")
     sizes, known = vocab_sizes(settings, vocab)
     device = torch.device("cpu")
     work = Workload.of(settings, *sizes, "train")

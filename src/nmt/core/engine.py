@@ -36,8 +36,7 @@ from nmt.core.errors import NmtError
 from nmt.core.files import read_json
 from nmt.core.records import check_folder
 from nmt.core.runs import Run
-from nmt.models import ModelConfig
-from nmt.models.mapping import baseline_to_scratch
+from nmt.models import ModelConfig, registry
 from nmt.models.scratch import sinusoids
 
 BANNED = [[SPECIALS[1]], [SPECIALS[2]]]  # <pad>, <bos>: never produced (nmt.core.decoding's rule)
@@ -54,10 +53,11 @@ def tokens_of(codec) -> list[str]:
 
 def model_spec(name: str, state_dict: dict, cfg: ModelConfig, src_tokens: list[str],
                tgt_tokens: list[str]):
-    """A ctranslate2 TransformerSpec holding the weights of a baseline or scratch model."""
+    """A ctranslate2 TransformerSpec holding the weights of model `name`, one the registry
+    says exports (a post- or pre-norm encoder-decoder with the scratch model's weights)."""
     from ctranslate2.specs import transformer_spec
 
-    weights = baseline_to_scratch(state_dict) if name == "baseline" else state_dict
+    weights = registry.entry(name).scratch_state_dict(state_dict)
     weights = {k: v.detach().float().cpu().numpy() for k, v in weights.items()}
     # pre_norm=True builds each stack's final layer_norm; pre_norm then says where the
     # layers' own norms go (our norm_first).

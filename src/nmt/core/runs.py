@@ -7,13 +7,6 @@ from pathlib import Path
 
 from nmt.core.errors import NmtError
 
-# The models a run can train, torch-free for the CLI and the schema (nmt.models.MODELS builds
-# each; a test checks the two lists agree).
-MODEL_NAMES = ("baseline", "scratch", "decoder_only")
-# The models CTranslate2 can run (nmt export; pipeline.export): the decoder-only model's
-# attention, bidirectional over the source and causal over the target, is none of its own.
-ENCODER_DECODERS = ("baseline", "scratch")
-
 
 def _in_folder(name: str) -> property:
     """A RunFiles property: the file `name` in the run's folder."""

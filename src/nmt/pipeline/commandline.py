@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from nmt.core.errors import NmtError
-from nmt.core.runs import MODEL_NAMES
+from nmt.models.registry import names
 
 RAW, TOKENIZED, VOCAB, RESULTS, REPORTS, EXPORTS = (
     Path("data/raw"), Path("data/tokenized"), Path("data/vocab"), Path("results"), Path("reports"),
@@ -41,7 +41,7 @@ def results(parser: argparse.ArgumentParser) -> None:
 
 
 def run(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, choices=MODEL_NAMES)
+    parser.add_argument("--model", required=True, choices=names())
     parser.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
 
 

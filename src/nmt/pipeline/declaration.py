@@ -112,6 +112,12 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
 # takes its .py files), and a change to any file of it re-runs every stage that imports any.
 # Besides these, every stage package (nmt.stages.verify) is one.
 UNITS = ("models",)
+# Modules of a unit that run none of its other code: torch-free, importing nothing of it but
+# each other (the models' registry and config, which core and the pipeline read for the models'
+# names and facts). A stage that imports only these runs their files and their package's
+# __init__ (Python runs it first; it imports only these at its top), not the unit; one that
+# imports the package itself (nmt.models.build_model) runs the whole unit.
+LIGHT = frozenset({"nmt.models.config", "nmt.models.registry"})
 # Imported by nmt.cli only when NMT_TRACK_READS records what a command reads (a debug feature
 # the contract tests use): the recording, no stage's code (tracking.recorded leaves it out too).
 NOT_RUN = frozenset({"nmt.pipeline.tracking"})
@@ -191,7 +197,14 @@ def closure(starts, src: Path) -> list[str]:
             continue  # a name that is no module of nmt: nothing to run
         seen.add(module)
         parts = module.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages around it
+        around = [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages around it
+        if module in LIGHT:  # its file, and its package's __init__ as a file: not the unit
+            package = around.pop()
+            found |= {entry(module, src, []), entry(package, src, [])}
+            todo += around + [*file_imports(module_file(module, src), module),
+                              *file_imports(module_file(package, src), package)]
+            continue
+        todo += around
         name = entry(module, src, unit_list)
         if name in found:  # a unit, whose files are all read already
             continue
@@ -200,7 +213,8 @@ def closure(starts, src: Path) -> list[str]:
         found.add(name)
         for f in files:
             todo += [module_name(f, src), *file_imports(f, module_name(f, src))]
-    return sorted(found)
+    whole = [name for name in found if name in unit_list]  # their light files are in them
+    return sorted(name for name in found if not any(name.startswith(u + "/") for u in whole))
 
 
 def file_imports(path: Path, module: str) -> frozenset[str]:

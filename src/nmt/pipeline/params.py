@@ -1,5 +1,7 @@
 """params.yaml: read it, check it against workflow/schemas/params.schema.yaml (the one source
-of every key's type and limits), then check the rules across keys a schema cannot express.
+of every key's type and limits; the model names come from nmt.models.registry, which the
+schema's model_name takes its enum from), then check the rules across keys a schema cannot
+express.
 
 Every problem becomes one NmtError line naming the key and the fix.
 """
@@ -12,7 +14,7 @@ import jsonschema
 import yaml
 
 from nmt.core.errors import NmtError
-from nmt.core.runs import ENCODER_DECODERS
+from nmt.models.registry import MODELS, entry, exportable, names
 from nmt.pipeline.corpus import CORPUS_SECTIONS, check_corpus
 from nmt.pipeline.recipes import resolve
 
@@ -144,8 +146,15 @@ def schema_error_line(err: jsonschema.ValidationError) -> str:
     return f"{where}: {err.message} (fix: see workflow/schemas/params.schema.yaml)"
 
 
-def check_schema(params: dict, schema_path: Path) -> None:
+def read_schema(schema_path: Path) -> dict:
+    """The schema, its model_name holding the registry's models (the one list of them)."""
     schema = read_yaml(Path(schema_path).read_text(), str(schema_path))
+    schema["$defs"]["model_name"]["enum"] = list(names())
+    return schema
+
+
+def check_schema(params: dict, schema_path: Path) -> None:
+    schema = read_schema(schema_path)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
     if errors:
@@ -205,17 +214,20 @@ def check_one_corpus(params: dict) -> None:
 
 
 def check_positions(params: dict) -> None:
-    """Rotary positions exist in the scratch model only: a pipeline that trains a recipe with
-    them trains no other model (the others would refuse to build) and exports nothing (the
-    conversion to CTranslate2 knows sinusoids only)."""
-    others = [m for m in params["pipeline"]["models"] if m != "scratch"]
+    """Positions other than sinusoids exist in some models only (the registry's `positions`;
+    rotary: scratch): a pipeline that trains a recipe with them trains no other model (the
+    others would refuse to build) and exports nothing (the conversion to CTranslate2 knows
+    sinusoids only)."""
     for name in params["pipeline"]["recipes"]:
         positions = resolve(params, name)["model"]["positions"]
-        if positions != "sinusoidal" and others:
+        having = [m for m, e in MODELS.items() if positions in e.positions]
+        others = [m for m in params["pipeline"]["models"] if m not in having]
+        if others:
             raise NmtError(f"params.yaml: pipeline.recipes: {name} has model.positions "
-                           f"{positions}, which only scratch has, and pipeline.models also "
-                           f"trains {', '.join(others)} (fix: pipeline.models: [scratch], or "
-                           "positions: sinusoidal)")
+                           f"{positions}, which only {' and '.join(having)} "
+                           f"{'has' if len(having) == 1 else 'have'}, and pipeline.models also "
+                           f"trains {', '.join(others)} (fix: pipeline.models: "
+                           f"[{', '.join(having)}], or positions: sinusoidal)")
         if positions != "sinusoidal" and params["pipeline"]["export"]:
             raise NmtError(f"params.yaml: pipeline.export: {name} has model.positions "
                            f"{positions}, which the CTranslate2 conversion does not map (fix: "
@@ -225,11 +237,11 @@ def check_positions(params: dict) -> None:
 def check_export_list(pipeline: dict) -> None:
     """pipeline.export names models the pipeline trains and CTranslate2 can run."""
     for name in pipeline["export"]:
-        if name not in ENCODER_DECODERS:
+        if not entry(name).exports:
             raise NmtError(f"params.yaml: pipeline.export: {name} cannot be exported: "
                            "CTranslate2 has no attention that is bidirectional over the source "
                            "and causal over the target in one stack (fix: export "
-                           f"{' or '.join(ENCODER_DECODERS)} only)")
+                           f"{' or '.join(exportable())} only)")
         if name not in pipeline["models"]:
             raise NmtError(f"params.yaml: pipeline.export names {name}, which pipeline.models "
                            f"does not train (fix: add {name} to pipeline.models, or remove it "

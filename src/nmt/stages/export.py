@@ -28,8 +28,8 @@ from nmt.core.engine import Engine, max_abs_difference, model_spec, tokens_of
 from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.records import write_record
-from nmt.core.runs import ENCODER_DECODERS, Run, RunFiles
-from nmt.models import ModelConfig
+from nmt.core.runs import Run, RunFiles
+from nmt.models import ModelConfig, registry
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
 
@@ -51,11 +51,10 @@ def export(settings: dict, paths: Paths, check_pairs: int = CHECK_PAIRS) -> dict
     """Write the run's best.pt as a CTranslate2 model to paths.out, after checking that the
     engine computes our model's log-probabilities. settings: the resolved recipe."""
     run = Run.parse(paths.run.folder.name)
-    if run.model not in ENCODER_DECODERS:
-        raise NmtError(f"{run.name}: CTranslate2 cannot express the decoder-only model's "
-                       "attention (bidirectional over the source, causal over the target, in "
-                       "one stack); its decoders attend causally only (fix: export a baseline "
-                       "or scratch run)")
+    if not registry.entry(run.model).exports:
+        raise NmtError(f"{run.name}: CTranslate2 cannot express the {run.model} model's "
+                       "attention: it runs encoder-decoders whose decoders attend causally "
+                       f"(fix: export a run of {' or '.join(registry.exportable())})")
     model, ckpt = load(paths.run.best, "cpu", expect=run, settings=settings)
     src_codec, tgt_codec = load_codecs(paths.vocab)
     check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)

@@ -1,0 +1,97 @@
+"""The registry: every model the pipeline can train, one entry each, readable without torch.
+
+An entry says what the rest of the pipeline asks of a model without building it: its class,
+whether it is an encoder-decoder (bench times those against the reference), whether its class
+takes the <bos> id, whether nmt export can convert it to CTranslate2, the closed-form parameter
+count verify holds it to, and the names of the check sets nmt verify runs for it (modules of
+nmt.stages.verify, looked up there: this package imports nothing of the pipeline). Classes and
+functions are named as "module:attribute" strings and imported only when asked for, so the
+command line, params validation and the schema test read this module in milliseconds.
+
+A new model is one module of nmt.models and one entry here (docs/adding-a-model.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+# The model every other is compared against: torch.nn.Transformer (bench's ratios, the twin).
+REFERENCE = "baseline"
+# The check sets nmt verify knows by name (nmt.stages.verify.suite): scratch against the
+# reference on shared weights, and the property checks every model of the interface passes.
+TWIN_CHECKS, PROPERTY_CHECKS = "equivalence", "properties"
+
+
+def load(path: str):
+    """The object a "module:attribute" string names, imported now."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model of the pipeline: what is known of it without building it."""
+
+    name: str  # params.yaml's pipeline.models, run folder names (^[a-z][a-z0-9_]*$)
+    model: str  # "module:Class": Class(cfg, src_vocab_size, tgt_vocab_size, pad_id=...)
+    encoder_decoder: bool  # an encoder over the source and a decoder over the target
+    reads_bos: bool  # its class also takes bos_id (the decoder-only model's source/target break)
+    exports: bool  # nmt export converts it to CTranslate2 (pipeline.export may name it)
+    param_count: str  # "module:function": (cfg, src_vocab_size, tgt_vocab_size) -> parameters
+    checks: tuple[str, ...]  # nmt verify's check sets for it, modules of nmt.stages.verify
+    positions: tuple[str, ...] = ("sinusoidal",)  # the model.positions it can be built with
+    # "module:function" turning its state dict into the scratch model's names (export, bench);
+    # None where the state dict already has them, or the model has no such layout
+    to_scratch: str | None = None
+
+    def model_class(self) -> type:
+        return load(self.model)
+
+    def parameters(self, cfg, src_vocab_size: int, tgt_vocab_size: int) -> int:
+        """Its parameter count at cfg's size, shared weights once, from the closed form."""
+        return load(self.param_count)(cfg, src_vocab_size, tgt_vocab_size)
+
+    def scratch_state_dict(self, state_dict: dict) -> dict:
+        """state_dict (of this model) under the scratch model's names."""
+        return load(self.to_scratch)(state_dict) if self.to_scratch else state_dict
+
+
+ENCODER_DECODER_SIZE = "nmt.models.decoder_only.size:encoder_decoder_param_count"
+
+MODELS = {entry.name: entry for entry in (
+    ModelEntry("baseline", "nmt.models.baseline:BaselineTransformer", encoder_decoder=True,
+               reads_bos=False, exports=True, param_count=ENCODER_DECODER_SIZE, checks=(),
+               to_scratch="nmt.models.mapping:baseline_to_scratch"),
+    ModelEntry("scratch", "nmt.models.scratch:ScratchTransformer", encoder_decoder=True,
+               reads_bos=False, exports=True, param_count=ENCODER_DECODER_SIZE,
+               checks=(TWIN_CHECKS, PROPERTY_CHECKS), positions=("sinusoidal", "rotary")),
+    ModelEntry("decoder_only", "nmt.models.decoder_only:DecoderOnlyTransformer",
+               encoder_decoder=False, reads_bos=True, exports=False,
+               param_count="nmt.models.decoder_only.size:decoder_only_param_count",
+               checks=("decoder_only",)),
+)}
+
+
+def names() -> tuple[str, ...]:
+    """Every model, in the registry's order (the order tables and calibrations list them in)."""
+    return tuple(MODELS)
+
+
+def encoder_decoders() -> tuple[str, ...]:
+    """The encoder-decoders, the reference first: the models bench times on shared weights."""
+    others = [name for name, entry in MODELS.items()
+              if entry.encoder_decoder and name != REFERENCE]
+    return (REFERENCE, *others)
+
+
+def exportable() -> tuple[str, ...]:
+    """The models nmt export converts to CTranslate2 (pipeline.export)."""
+    return tuple(name for name, entry in MODELS.items() if entry.exports)
+
+
+def entry(name: str) -> ModelEntry:
+    """The entry of `name`; a ValueError naming the models where there is none."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    return MODELS[name]
