@@ -298,7 +298,7 @@ def batches():
 
 
 def run(batches, cfg=CFG, src_v=SRC_V, tgt_v=TGT_V):
-    checks = verify.decoder_only_checks(cfg, src_v, tgt_v, PAD_ID, batches)
+    checks = verify.model_checks("decoder_only", cfg, src_v, tgt_v, PAD_ID, batches)
     return checks, {c["name"].removeprefix("decoder_only: "): c["passed"] for c in checks}
 
 

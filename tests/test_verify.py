@@ -287,7 +287,7 @@ def test_rotary_passes_on_its_properties_and_reports_no_twin(batches, capsys):
 
 
 def rotary_run(batches):
-    checks = verify.scratch_checks(ROTARY, SRC_V, TGT_V, PAD, batches)
+    checks = verify.model_checks("scratch", ROTARY, SRC_V, TGT_V, PAD, batches)
     return checks, {c["name"].removeprefix("scratch: "): c["passed"] for c in checks}
 
 
@@ -320,7 +320,7 @@ def test_broken_rotary_fails_the_right_property_checks(breakage, batches, monkey
     breakage(monkeypatch)
     assert_fails_exactly(*rotary_run(batches), *ROTARY_BREAKAGES[breakage])
     # The default (sinusoidal) model has the identity hook: the same breakage leaves it whole.
-    default = verify.scratch_checks(CFG, SRC_V, TGT_V, PAD, batches)
+    default = verify.model_checks("scratch", CFG, SRC_V, TGT_V, PAD, batches)
     assert all(c["passed"] for c in default), verify.format_table(
         {"checks": default, "passed": False})
 

@@ -1,17 +1,19 @@
-"""Stage verify: two kinds of check at one recipe's size on real batches. Twin checks: the
-scratch Transformer against torch.nn.Transformer, where the baseline can express the
-configuration. Property checks: what every model must do (cached decoding = forward, fused =
-math, padding, causality, gradients, the parameter-count formula), for scratch and
-decoder_only, always; a configuration without a twin passes on its properties alone.
+"""Stage verify: two kinds of check at one recipe's size on real batches, for the models whose
+registry entries name check sets (nmt.models.registry). Twin checks: the scratch Transformer
+against torch.nn.Transformer, where the baseline can express the configuration. Property
+checks: what every model must do (cached decoding = forward, fused = math, padding, causality,
+gradients, the registry's parameter-count formula), for scratch and decoder_only, always; a
+configuration without a twin passes on its properties alone.
 
 - checklist.py: Checklist (records each timed check and its kind), format_table,
   print_checklist;
 - measure.py: what every checklist measures with (check batches, max_abs_diff, the loss,
   tolerances);
 - equivalence.py: the twin checks, scratch against the baseline on shared weights;
-- properties.py: the property checks every model gets, and the scratch model's;
+- properties.py: the property checks every model gets (the check set "properties");
 - decoder_only.py: the decoder-only model's property checks, with its own additions;
-- suite.py: run_checks, both kinds on one configuration.
+- suite.py: run_checks, both kinds on one configuration, each model's check sets looked up by
+  the names its registry entry gives (model_checks: one model's property checks).
 
 verify() writes run_checks's result, {"passed", "checks": [{"name", "kind", "passed",
 "max_abs_diff", "tolerance", "seconds"}], "twin", "twin_reason", "skipped", "config",
@@ -32,15 +34,12 @@ from nmt.models import ModelConfig
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
 from nmt.stages.verify.checklist import Checklist, format_table, print_checklist
-from nmt.stages.verify.decoder_only import decoder_only_checks
 from nmt.stages.verify.equivalence import TRAJECTORY_STEPS, build_pair
 from nmt.stages.verify.measure import CHECK_ROWS, check_batches, max_abs_diff
-from nmt.stages.verify.properties import scratch_checks
-from nmt.stages.verify.suite import run_checks
+from nmt.stages.verify.suite import model_checks, run_checks
 
-__all__ = ["Paths", "verify", "run_checks", "decoder_only_checks", "scratch_checks",
-           "build_pair", "Checklist", "format_table", "print_checklist", "max_abs_diff",
-           "TRAJECTORY_STEPS"]
+__all__ = ["Paths", "verify", "run_checks", "model_checks", "build_pair", "Checklist",
+           "format_table", "print_checklist", "max_abs_diff", "TRAJECTORY_STEPS"]
 
 log = logging.getLogger("nmt.verify")
 

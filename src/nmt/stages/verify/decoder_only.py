@@ -11,13 +11,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from nmt.models import ModelConfig
-from nmt.models.decoder_only import (
-    LayerNorm,
-    decoder_only_layers,
-    decoder_only_param_count,
-    encoder_decoder_param_count,
-)
+from nmt.models import ModelConfig, registry
+from nmt.models.decoder_only import LayerNorm, decoder_only_layers
 from nmt.stages.verify.checklist import Checklist
 from nmt.stages.verify.measure import max_abs_diff
 from nmt.stages.verify.properties import (
@@ -31,11 +26,13 @@ LAYER_NORM_TOLERANCE = 1e-12
 
 
 def sizes(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> dict:
-    """Its layers and parameters at cfg's size, and the encoder-decoder's parameters."""
-    return {"layers": decoder_only_layers(cfg, src_vocab_size, tgt_vocab_size),
-            "parameters": decoder_only_param_count(cfg, src_vocab_size, tgt_vocab_size),
-            "encoder_decoder_parameters": encoder_decoder_param_count(
-                cfg, src_vocab_size, tgt_vocab_size)}
+    """Its layers and parameters at cfg's size, and the encoder-decoder's (the reference's)
+    parameters, which its layer count matches."""
+    vocab = (src_vocab_size, tgt_vocab_size)
+    return {"layers": decoder_only_layers(cfg, *vocab),
+            "parameters": registry.entry("decoder_only").parameters(cfg, *vocab),
+            "encoder_decoder_parameters": registry.entry(registry.REFERENCE).parameters(
+                cfg, *vocab)}
 
 
 def layer_norm_diff(model, src, tgt_in) -> float:
@@ -74,10 +71,10 @@ def causal_source_diff(model, src, tgt_in, pad_id: int) -> float:
     return state_change.masked_select(earlier).max().item() if earlier.any() else 0.0
 
 
-def decoder_only_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
-                        pad_id: int, batches: list, seed: int = 0) -> list[dict]:
-    """The decoder-only model's property checks on a real padded batch, rows as run_checks's:
-    every model's (properties.py) and its own."""
+def checks(name: str, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+           pad_id: int, batches: list, seed: int = 0) -> list[dict]:
+    """The decoder-only model's (`name`'s) property checks on a real padded batch, rows as
+    run_checks's: every model's (properties.py) and its own."""
 
     def own_checks(checklist: Checklist, model, src, tgt) -> None:
         tgt_in = tgt[:, :-1]
@@ -92,8 +89,8 @@ def decoder_only_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: i
                             CAUSALITY_TOLERANCE, causal_source_diff, model, src, tgt_in,
                             pad_id)
 
-    return property_checks("decoder_only", cfg, src_vocab_size, tgt_vocab_size, pad_id,
-                           batches, seed, own_checks=own_checks,
-                           expected_params=decoder_only_param_count(cfg, src_vocab_size,
-                                                                    tgt_vocab_size),
+    return property_checks(name, cfg, src_vocab_size, tgt_vocab_size, pad_id, batches, seed,
+                           own_checks=own_checks,
+                           expected_params=registry.entry(name).parameters(
+                               cfg, src_vocab_size, tgt_vocab_size),
                            layers=decoder_only_layers(cfg, src_vocab_size, tgt_vocab_size))

@@ -6,15 +6,15 @@ One checklist for scratch and decoder_only alike, each check of kind "property":
 - float64_checks, on the model in float64: causality, the source reaching every target
   position, cached decoding (two beams a sentence, reordered, one sentence finished) = forward,
   extra padding changes nothing, fused = math attention, and finite gradients.
-property_checks runs them on one model (scratch_checks: on the scratch model); decoder_only.py
-adds that model's own checks.
+property_checks runs them on one model; `checks`, the check set the registry calls
+"properties", runs them on a model with nothing of its own to add (the scratch model);
+decoder_only.py adds that model's own checks.
 """
 
 import torch
 import torch.nn as nn
 
-from nmt.models import ModelConfig, build_model
-from nmt.models.decoder_only import encoder_decoder_param_count
+from nmt.models import ModelConfig, build_model, registry
 from nmt.stages.verify.checklist import Checklist
 from nmt.stages.verify.measure import (
     FUSED_TOLERANCE,
@@ -187,11 +187,11 @@ def property_checks(name: str, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_
     return checklist.checks
 
 
-def scratch_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int,
-                   batches: list, seed: int = 0) -> list[dict]:
-    """The scratch model's property checks: the whole proof of a configuration nn.Transformer
-    cannot express (cfg.positions rotary)."""
-    return property_checks("scratch", cfg, src_vocab_size, tgt_vocab_size, pad_id, batches,
-                           seed, layers=cfg.num_decoder_layers,
-                           expected_params=encoder_decoder_param_count(cfg, src_vocab_size,
-                                                                       tgt_vocab_size))
+def checks(name: str, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+           pad_id: int, batches: list, seed: int = 0) -> list[dict]:
+    """Encoder-decoder `name`'s property checks, its parameter count held to the registry's
+    formula: for scratch, the whole proof of a configuration nn.Transformer cannot express
+    (cfg.positions rotary)."""
+    expected = registry.entry(name).parameters(cfg, src_vocab_size, tgt_vocab_size)
+    return property_checks(name, cfg, src_vocab_size, tgt_vocab_size, pad_id, batches, seed,
+                           layers=cfg.num_decoder_layers, expected_params=expected)
