@@ -105,7 +105,7 @@ def test_a_ratio_stays_near_the_truth_when_load_comes_during_one_models_turns():
     timed = interleaved({"baseline": machine.steps("baseline", 1.0, 10),
                          "scratch": machine.steps("scratch", 0.8, 10)}, 3,
                         torch.device("cpu"), clock=machine.clock)
-    spread = timed.ratio_spread()
+    spread = timed.ratio_spread("scratch")
     assert spread["median"] == pytest.approx(1.25)
     assert spread["trusted"] and spread["pairs"] == 30
     # An untimed pass of each, then pairs whose order swaps: B S, S B, B S, ...
@@ -124,7 +124,7 @@ def test_a_ratio_under_load_that_comes_and_goes_is_not_trusted():
     timed = interleaved({"baseline": machine.steps("baseline", 1.0, 10),
                          "scratch": machine.steps("scratch", 0.8, 10)}, 3,
                         torch.device("cpu"), clock=machine.clock)
-    spread = timed.ratio_spread()
+    spread = timed.ratio_spread("scratch")
     assert spread["spread"] > MAX_RATIO_SPREAD and not spread["trusted"]
 
 

@@ -1,26 +1,28 @@
-"""`nmt bench`: training and decoding speed of both models on the same real data, one process.
+"""`nmt bench`: training and decoding speed of the encoder-decoders on the same real data, one
+process.
 
-Both models hold the same weights (through the state-dict mapping), so they do the same work.
-Training: the same batches through both models, each an update nmt train makes (one function
-builds both: nmt.training.step.updater, with the recipe's label smoothing, clipping, Adam and
-lr schedule), in target tokens per second.
+Every encoder-decoder of the registry (nmt.models.registry: baseline, the reference, first;
+then scratch) holds the same weights (the reference's, under the scratch model's names), so
+they do the same work. Training: the same batches through every model, each an update nmt
+train makes (one function builds them all: nmt.training.step.updater, with the recipe's label
+smoothing, clipping, Adam and lr schedule), in target tokens per second.
 Decoding: the same test sentences, greedy and beam search, in sentences per second. The
-models alternate step by step (a training update, a decoding batch: the same work through one
-model, then through the other, the order swapped each pair), after an untimed warm-up pass; each
-model's figure is its median over the repeats. Ratios are scratch / baseline (> 1: the scratch
-model is faster), the median of the per-pair ratios: load that comes and goes hits both steps of
-a pair alike, where timing one model's whole pass and then the other's let a neighbour's job
-move a ratio 4x (issue 58). bench.json's ratio_spread gives each ratio's interquartile range
-and spread (that range over the median); one over MAX_RATIO_SPREAD is said not to be trusted,
-in bench.json and in the printed table. Training
-steps and decoding run in the recipe's train.precision as nmt train and evaluate resolve it
-(decoding on a CPU: fp32 under `auto`), and the steps on batches padded to train.pad_multiple
-as nmt train resolves it (`auto`: 8 where the steps replay as CUDA graphs); bench.json
-reports the multiple and the share of the timed batches' token slots that is padding.
-Model FLOPs utilisation (MFU) is the steps' model FLOPs a second over a peak: on CUDA the GPU's
-dense bf16 peak from its data sheet; on the CPU the machine's own, measured by a short
-calibration (the fastest of a few large matrix products, in fp32 and in bf16). On CUDA it also
-reports peak memory.
+models take turns step by step (timing.py: a training update, a decoding batch, the same work
+through each model, the order rotated each step), after an untimed warm-up pass; each model's
+figure is its median over the repeats. Ratios are each model over the reference (> 1: it is
+faster than torch.nn.Transformer), the median of the per-pair ratios; bench.json's
+ratio_spread gives each ratio's interquartile range and spread, and one over MAX_RATIO_SPREAD
+is said not to be trusted, in bench.json and in the printed table (table.py, which also says
+how bench.json names the ratios). Training steps and decoding run in the recipe's
+train.precision as nmt train and evaluate resolve it (decoding on a CPU: fp32 under `auto`),
+and the steps on batches padded to train.pad_multiple as nmt train resolves it (`auto`: 8
+where the steps replay as CUDA graphs); bench.json reports the multiple and the share of the
+timed batches' token slots that is padding. Model FLOPs utilisation (MFU, flops.py) is the
+steps' model FLOPs a second over a peak. On CUDA it also reports peak memory.
+
+- timing.py: interleaved, the models' steps in turns, and the per-pair ratios (Paired);
+- flops.py: the steps' model FLOPs and the peaks MFU is a share of;
+- table.py: the printed table, and bench.json's names for the ratios.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import statistics
-import time
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -47,82 +47,21 @@ from nmt.core.runtime import (
     pick_device,
     seed_everything,
 )
-from nmt.models import ModelConfig, build_model
-from nmt.models.mapping import baseline_to_scratch
+from nmt.models import ModelConfig, build_model, registry
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
+from nmt.stages.bench.flops import peak_flops, train_flops
+from nmt.stages.bench.table import print_speeds, ratio_name
+from nmt.stages.bench.timing import MAX_RATIO_SPREAD, interleaved, sync
 from nmt.training.config import TrainConfig
 from nmt.training.graphs import resolve_cuda_graphs, resolve_pad_multiple
 from nmt.training.precision import choices, recorded
 from nmt.training.step import Updater, updater
 
+__all__ = ["MAX_RATIO_SPREAD", "Paths", "SpeedPlan", "bench", "bench_inputs", "interleaved",
+           "make_update", "padding_share", "sync", "train_flops"]
+
 log = logging.getLogger("nmt.bench")
-
-# Dense bf16 tensor-core peaks of GPUs (FLOP/s, data sheets), for MFU on CUDA.
-BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
-# The CPU's calibration: the fastest of the products of two square matrices of this size
-# (2 x 2048^3 = 17 GFLOP each: 55-70 ms in fp32 and 9-17 ms in bf16 on 2 cores with AMX)
-# repeated for CALIBRATION_SECONDS, after one untimed. On this repository's 2-core VM the best
-# of one calibration varied between processes: 179-322 GFLOP/s fp32, 844-2,150 bf16.
-CALIBRATION_SIZE, CALIBRATION_SECONDS = 2048, 0.5
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# A ratio is reported as not to be trusted where the interquartile range of its per-pair ratios
-# is more than this share of their median: the threshold precision.py's calibration trusts its
-# ratios to (MAX_SPREAD; what this shared VM gave: docs/cpu-and-precision.md).
-MAX_RATIO_SPREAD = 0.2
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_flops(device: torch.device) -> dict:
-    """The peaks MFU is taken of, in FLOP/s by precision: a GPU's dense bf16 peak from its data
-    sheet (none for a GPU the table lacks); on the CPU each precision's measured matmul_peak."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        peak = next((v for k, v in BF16_PEAK.items() if k in name), None)
-        return {"bf16": peak} if peak else {}
-    return {precision: matmul_peak(dtype, device) for precision, dtype in DTYPES.items()}
-
-
-@torch.inference_mode()
-def matmul_peak(dtype: torch.dtype, device: torch.device, size: int = CALIBRATION_SIZE,
-                seconds: float = CALIBRATION_SECONDS) -> float:
-    """FLOP/s of the fastest product of two size x size matrices in dtype, of those `seconds`
-    allow (5 at least), on this process's threads: what the machine's matrix units give."""
-    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
-    a @ b  # untimed: kernel selection, memory
-    times: list[float] = []
-    while len(times) < 5 or sum(times) < seconds:
-        sync(device)
-        start = time.perf_counter()
-        a @ b
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / min(times)
-
-
-def train_flops(cfg: ModelConfig, tgt_vocab_size: int, batches) -> float:
-    """Model FLOPs of one pass over batches (forward and backward): 6 x the weights each real
-    token passes through, + attention's products. A source token passes through the encoder
-    and each decoder layer's cross-attention keys and values; a target token through the
-    decoder's other projections, its FFNs and the generator."""
-    d, ff = cfg.d_model, cfg.dim_feedforward
-    per_source = (cfg.num_encoder_layers * (4 * d * d + 2 * d * ff)  # attention + FFN
-                  + cfg.num_decoder_layers * 2 * d * d)  # cross-attention keys and values
-    per_target = (cfg.num_decoder_layers * (6 * d * d + 2 * d * ff)  # self: 4, cross: 2 d*d
-                  + tgt_vocab_size * d)  # the generator
-    total = 0.0
-    for src, tgt in batches:
-        s, t = (src != PAD_ID).sum().item(), (tgt[:, 1:] != PAD_ID).sum().item()
-        S, T = src.shape[1], tgt.shape[1] - 1
-        # QK^T and AV: 2 matmuls x 2 FLOPs x 3 (forward + backward) = 12 per (query, key, dim).
-        attn = 12 * d * (cfg.num_encoder_layers * s * S + cfg.num_decoder_layers * t * (T + S))
-        total += 6 * (per_source * s + per_target * t) + attn
-    return total
-
 
 def make_update(model, settings: dict, device, precision: str, graphs: bool,
                 updates: int) -> Updater:
@@ -148,66 +87,6 @@ def decoder_steps(model, sources, device, dc: DecodeConfig, precision: str = "fp
 
 
 @dataclass(frozen=True)
-class Paired:
-    """Two models' timings, step by step: their seconds and the per-pair ratios."""
-
-    seconds: dict[str, float]  # each model's median over the repeats of a pass over its steps
-    ratios: list[float]  # per pair: the first model's seconds over the second's (its speed ratio)
-    peak: dict[str, int]  # CUDA peak memory of each model's steps (bytes); 0 elsewhere
-
-    def ratio_spread(self) -> dict:
-        """The ratios' median, quartiles and spread (interquartile range over the median), and
-        whether the spread is within MAX_RATIO_SPREAD."""
-        median = statistics.median(self.ratios)
-        if len(self.ratios) > 1:
-            first, _, third = statistics.quantiles(self.ratios, n=4, method="inclusive")
-        else:
-            first = third = median
-        spread = round((third - first) / median, 3)  # trusted or not as bench.json shows it
-        return {"median": round(median, 3), "quartiles": [round(first, 3), round(third, 3)],
-                "spread": spread, "pairs": len(self.ratios),
-                "trusted": spread <= MAX_RATIO_SPREAD}
-
-
-def interleaved(steps: dict[str, list], repeats: int, device,
-                clock=time.perf_counter) -> Paired:
-    """Two models' steps (step i of each does the same work), timed alternately step by step:
-    step i of one model, then of the other, the order swapped each pair, so that load which
-    comes and goes (other jobs, clocks) hits both steps of a pair alike. Each step is timed on
-    its own (`clock`: the tests plant one), on CUDA between synchronizations (a step's launch
-    cannot overlap the step before); an untimed warm-up pass over all steps comes first."""
-    names = list(steps)
-    assert len(names) == 2, "interleaved times two models against each other"
-    count = len(steps[names[0]])
-    for name in names:  # an untimed warm-up pass: allocator, kernel selection
-        for step in steps[name]:
-            step()
-    totals: dict[str, list[float]] = {name: [] for name in names}
-    peak, ratios = {name: 0 for name in names}, []
-    for repeat in range(repeats):
-        spent = {name: 0.0 for name in names}
-        for index in range(count):
-            order = names if (repeat * count + index) % 2 == 0 else names[::-1]
-            pair = {}
-            for name in order:
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                sync(device)
-                start = clock()
-                steps[name][index]()
-                sync(device)
-                pair[name] = clock() - start
-                if device.type == "cuda":
-                    peak[name] = max(peak[name], torch.cuda.max_memory_allocated(device))
-            ratios.append(pair[names[0]] / pair[names[1]])
-            for name in names:
-                spent[name] += pair[name]
-        for name in names:
-            totals[name].append(spent[name])
-    return Paired({name: statistics.median(t) for name, t in totals.items()}, ratios, peak)
-
-
-@dataclass(frozen=True)
 class Paths:
     tokenized: Path  # data/tokenized: training batches and test sentences
     vocab: Path  # data/vocab/<recipe>
@@ -226,7 +105,7 @@ class SpeedPlan:
 
 
 def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
-    """Stage bench: training and decoding speed of baseline and scratch on the same weights
+    """Stage bench: training and decoding speed of the encoder-decoders on the same weights
     and data; prints a table, writes paths.json. settings: the resolved bench recipe."""
     device = pick_device(plan.device)
     bound_gpu_memory(device)
@@ -242,7 +121,7 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
     testset = settings["evaluate"]["testsets"][0]
     log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
              device, len(timed), len(test), plan.repeats)
-    models = twin_models(cfg, len(src_codec), len(tgt_codec), device)
+    models = shared_weight_models(cfg, len(src_codec), len(tgt_codec), device)
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "recipe": plan.recipe, "testset": testset, "steps": len(timed),
            "sentences": len(test), "padding": padding, "pad_multiple": pad_multiple,
@@ -258,18 +137,16 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
                                       for name, m in models.items()}, plan.repeats, device)
         out[method] = {name: round(len(test) / s, 2)
                        for name, s in timed_decoding.seconds.items()}
-        spreads[method] = timed_decoding.ratio_spread()
+        spreads[method] = {name: timed_decoding.ratio_spread(name) for name in others(models)}
     updates = {name: make_update(m.train(), settings, device, precision, graphs,
                                  len(timed) * (plan.repeats + 1))
                for name, m in models.items()}
     speed, spreads["train"] = training_speed(updates, timed, plan.repeats, device, cfg,
                                              len(tgt_codec))
     out |= speed
-    # The ratios (scratch / baseline) are the per-pair medians, not the quotient of the two
-    # medians above: those each carry the load of their own moments.
-    for key in ("train", "greedy", "beam"):
-        out[key]["ratio"] = spreads[key].pop("median")
-    out["ratio_spread"] = {key: spreads[key] for key in ("train", "greedy", "beam")}
+    medians, out["ratio_spread"] = ratios(list(models), spreads)
+    for kind, figures in medians.items():
+        out[kind] |= figures
     out["ratio_max_spread"] = MAX_RATIO_SPREAD
     print_speeds(out)
     if paths.json:
@@ -317,14 +194,39 @@ def padding_share(batches: list) -> dict:
     return shares
 
 
-def twin_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, device) -> dict:
-    """baseline and scratch holding one set of weights: the same function, so the same decoded
-    lengths and the same training trajectory, and the timings compare equal work."""
+def shared_weight_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                         device) -> dict:
+    """The registry's encoder-decoders, the reference first, holding one set of weights (the
+    reference's, under the scratch model's names, which the others take): the same function,
+    so the same decoded lengths and the same training trajectory, and the timings compare
+    equal work."""
     seed_everything(0)
-    models = {"baseline": build_model("baseline", cfg, src_vocab_size, tgt_vocab_size)}
-    models["scratch"] = build_model("scratch", cfg, src_vocab_size, tgt_vocab_size)
-    models["scratch"].load_state_dict(baseline_to_scratch(models["baseline"].state_dict()))
+    reference, *names = registry.encoder_decoders()
+    models = {reference: build_model(reference, cfg, src_vocab_size, tgt_vocab_size)}
+    for name in names:
+        models[name] = build_model(name, cfg, src_vocab_size, tgt_vocab_size)
+    weights = registry.entry(reference).scratch_state_dict(models[reference].state_dict())
+    for name in names:
+        models[name].load_state_dict(weights)
     return {name: m.to(device).eval() for name, m in models.items()}
+
+
+def others(models: dict) -> list[str]:
+    """The models timed against the first (the reference)."""
+    return list(models)[1:]
+
+
+def ratios(models: list[str], spreads: dict) -> tuple[dict, dict]:
+    """bench.json's ratios ({kind: {name: ratio}}) and ratio_spread, named as table.py says,
+    from {kind: {model: its ratio_spread}}. A ratio is the median of the per-pair ratios, not
+    the quotient of the two models' medians: those each carry the load of their own moments."""
+    kinds = ("train", "greedy", "beam")
+    medians = {kind: {ratio_name(models, name): spreads[kind][name].pop("median")
+                      for name in models[1:]} for kind in kinds}
+    spread = {kind: spreads[kind][models[1]] for kind in kinds}
+    spread |= {ratio_name(models, name): {kind: spreads[kind][name] for kind in kinds}
+               for name in models[2:]}
+    return medians, spread
 
 
 def training_speed(updates: dict[str, Updater], timed: list, repeats: int, device,
@@ -333,8 +235,8 @@ def training_speed(updates: dict[str, Updater], timed: list, repeats: int, devic
     batches, in their precision, replayed as CUDA graphs where nmt train would (eagerly, with a
     warning, if a capture fails: the untimed pass finds it; `cuda_graphs` says which was
     timed). MFU is of the peak of the precision trained in (peak_flops; none without one).
-    Also the per-pair ratio's spread (Paired.ratio_spread): the models alternate update by
-    update, each update on the same batch through both."""
+    Also each per-pair ratio's spread (Paired.ratio_spread): the models take turns update by
+    update, each update on the same batch through each."""
     # The peak is measured before and after the updates, the higher kept: on a shared machine
     # one calibration can catch a slow moment.
     before = peak_flops(device)
@@ -357,48 +259,15 @@ def training_speed(updates: dict[str, Updater], timed: list, repeats: int, devic
             "peak_measured": device.type == "cpu",
             "mfu": {n: round(flops / s / top, 4) for n, s in seconds.items()} if top else {},
             "cuda_graphs": all(u.graphs is not None for u in updates.values()),
-            **({"cuda_graphs_failed": failed} if failed else {})}, timed_training.ratio_spread()
-
-
-def print_speeds(out: dict) -> None:
-    print(f"\nnmt bench: {out['device']}, recipe {out['recipe']}, {out['steps']} training steps, "
-          f"{out['sentences']} sentences decoded in {out['decode_precision']}")
-    print(f"{'':26}{'baseline':>12}{'scratch':>12}{'scratch/baseline':>18}   (median of "
-          f"{out['ratio_spread']['train']['pairs']} update pairs; decoding: of batch pairs)")
-    for key, label in (("train", "train tokens/s"), ("greedy", "greedy sentences/s"),
-                       ("beam", "beam sentences/s")):
-        v, spread = out[key], out["ratio_spread"][key]
-        print(f"{label:26}{v['baseline']:>12,.1f}{v['scratch']:>12,.1f}{v['ratio']:>18.2f}"
-              f"   quartiles {spread['quartiles'][0]:.2f}-{spread['quartiles'][1]:.2f}"
-              + ("" if spread["trusted"] else
-                 f", spread {spread['spread']:.1%}: NOT TRUSTED (over "
-                 f"{out['ratio_max_spread']:.0%}; other load on the machine? run it again)"))
-    print("padding (an epoch's batches): " + ", ".join(
-        f"{kind} {share:.1%}" for kind, share in out["padding"].items()))
-    print(f"padding (the timed batches, lengths a multiple of {out['pad_multiple']}): "
-          f"source {out['padding_share']['src']:.1%}, target {out['padding_share']['tgt']:.1%}")
-    gflops = out["train_gflops"]
-    print(f"{'train GFLOP/s (' + out['precision'] + ')':26}{gflops['baseline']:>12,.1f}"
-          f"{gflops['scratch']:>12,.1f}")
-    if out["mfu"]:
-        print(f"{'MFU':26}{out['mfu']['baseline']:>12.1%}{out['mfu']['scratch']:>12.1%}"
-              f"   of {mfu_peak(out)}")
-    if out["peak_memory_mib"]:
-        v = out["peak_memory_mib"]
-        print(f"{'peak memory MiB':26}{v['baseline']:>12}{v['scratch']:>12}")
-
-
-def mfu_peak(out: dict) -> str:
-    """What bench.json's MFU is a share of, in words."""
-    peak = out["peak_gflops"][out["precision"]]
-    kind = "measured matmul peak" if out["peak_measured"] else "data-sheet dense peak"
-    return f"the {kind} in {out['precision']}, {peak:,.1f} GFLOP/s"
+            **({"cuda_graphs_failed": failed} if failed else {})}, {
+        name: timed_training.ratio_spread(name) for name in others(updates)}
 
 
 # ---- `nmt bench`: nmt.cli builds the subcommand from HELP, arguments and command -----------------
 
-HELP = ("Train both models for a fixed number of steps on the same real batches, then "
-        "decode the same sentences greedily and with beam search; print a speed table.")
+HELP = ("Train the encoder-decoders (the reference, torch.nn.Transformer, and each other) for a "
+        "fixed number of steps on the same real batches, then decode the same sentences "
+        "greedily and with beam search; print a speed table.")
 MEMORY_FIX = "a smaller bench.sentences, or the recipe's smaller batches"
 
 
