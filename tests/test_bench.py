@@ -1,4 +1,5 @@
-"""nmt bench: both models timed on the same batches and weights; figures and ratios written."""
+"""nmt bench: the encoder-decoders timed on the same batches and weights; figures and ratios
+written."""
 
 import json
 import random
@@ -9,9 +10,11 @@ import torch
 from conftest import REPO, edit_params
 from nmt.cli import main
 from nmt.core.codecs import PAD_ID, load_codecs
+from nmt.models import registry
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 from nmt.stages.bench import MAX_RATIO_SPREAD, SpeedPlan, bench_inputs, interleaved, padding_share
+from nmt.stages.bench.table import ratio_name, spread_of
 from nmt.training.precision import BF16_MIN_SPEEDUP
 
 
@@ -28,21 +31,29 @@ def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["steps"] == 2 and result["sentences"] == 10
     table = capsys.readouterr().out
+    # Every encoder-decoder of the registry, the reference first; each other has its ratio.
+    models = list(registry.encoder_decoders())
+    assert models[:2] == ["baseline", "scratch"]
     for key, label in (("train", "train tokens/s"), ("greedy", "greedy sentences/s"),
                        ("beam", "beam sentences/s")):
-        figures, spread = result[key], result["ratio_spread"][key]
-        assert set(figures) == {"baseline", "scratch", "ratio"}  # the report's table reads it
-        assert figures["baseline"] > 0 and figures["scratch"] > 0
-        # The ratio: the median of the per-pair ratios (2 updates x 2 repeats; decoding: 10
-        # sentences in batches of 8, 2 batches x 2 repeats), within its quartiles.
-        assert spread["pairs"] == 4
-        first, third = spread["quartiles"]
-        assert first <= figures["ratio"] <= third
-        assert spread["spread"] == pytest.approx((third - first) / figures["ratio"], abs=2e-3)
-        assert spread["trusted"] is (spread["spread"] <= result["ratio_max_spread"])
+        figures = result[key]  # the report's table reads it: a column a key, "ratio" named
+        assert set(figures) == set(models) | {ratio_name(models, m) for m in models[1:]}
+        assert "ratio" in figures and all(figures[m] > 0 for m in models)
         [line] = [line for line in table.splitlines() if line.startswith(label)]
-        assert f"{figures['ratio']:.2f}   quartiles {first:.2f}-{third:.2f}" in line
-        assert ("NOT TRUSTED" in line) is not spread["trusted"]
+        for name in models[1:]:
+            spread, ratio = spread_of(result, models, name, key), figures[ratio_name(models, name)]
+            # The ratio: the median of the per-pair ratios (2 updates x 2 repeats; decoding:
+            # 10 sentences in batches of 8, 2 batches x 2 repeats), within its quartiles.
+            assert spread["pairs"] == 4
+            first, third = spread["quartiles"]
+            assert first <= ratio <= third
+            assert spread["spread"] == pytest.approx((third - first) / ratio, abs=2e-3)
+            assert spread["trusted"] is (spread["spread"] <= result["ratio_max_spread"])
+            assert f"{ratio:.2f}" in line and f"{first:.2f}-{third:.2f}" in line
+        if len(models) == 2:  # baseline and scratch: the table as it has always read
+            assert f"{figures['ratio']:.2f}   quartiles {first:.2f}-{third:.2f}" in line
+        trusted = all(spread_of(result, models, m, key)["trusted"] for m in models[1:])
+        assert ("NOT TRUSTED" in line) is not trusted
     # MFU on the CPU: the steps' FLOP/s over the measured matmul peak of the precision they ran
     # in: params' train.precision auto, the faster of the two as measured here (precision.py),
     # for training and for decoding each, with the measured ratio and the reason.
@@ -59,7 +70,7 @@ def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys
     assert result["peak_measured"] is True
     assert set(result["peak_gflops"]) == {"fp32", "bf16"} and min(
         result["peak_gflops"].values()) > 0
-    for model in ("baseline", "scratch"):
+    for model in models:
         mfu = result["train_gflops"][model] / result["peak_gflops"][trained_in]  # both rounded
         assert 0 < result["mfu"][model] < 1
         assert abs(result["mfu"][model] - mfu) < 0.02 * mfu + 1e-4

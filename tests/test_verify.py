@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 import nmt.stages.verify as verify
-from nmt.models import ModelConfig
+from nmt.models import MODELS, ModelConfig
 from nmt.models.scratch import attention as scratch_attention
 from nmt.models.scratch import embedding as scratch_embedding
 from nmt.models.scratch import transformer as scratch_transformer
@@ -276,7 +276,11 @@ def test_rotary_passes_on_its_properties_and_reports_no_twin(batches, capsys):
     table = verify.format_table(result)
     assert result["passed"], table
     assert not result["twin"] and "sinusoidal positions only" in result["twin_reason"]
-    assert [c["name"] for c in result["checks"]] == [f"scratch: {p}" for p in PROPERTIES]
+    names = [c["name"] for c in result["checks"]]
+    assert [n for n in names if n.startswith("scratch: ")] == [f"scratch: {p}" for p in PROPERTIES]
+    # every model with checks that has rotary positions, and no other
+    assert {n.split(": ")[0] for n in names} == {
+        name for name, model in MODELS.items() if model.checks and "rotary" in model.positions}
     assert all(c["kind"] == "property" for c in result["checks"])
     assert "decoder_only" in result["skipped"] and result["trajectory"] == {}
     json.dumps(result, allow_nan=False)

@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 from nmt.core.codecs import load_codecs
 from nmt.core.process import keep_freed_memory
 from nmt.core.runtime import seed_everything
-from nmt.models import ModelConfig, build_model
+from nmt.models import MODELS, ModelConfig, build_model
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 from nmt.stages.bench import SpeedPlan, bench_inputs, make_update, train_flops
@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="batches a pass")
     ap.add_argument("--repeats", type=int, default=2, help="profiled passes over them")
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
-    ap.add_argument("--model", default="scratch", help="baseline, scratch or decoder_only")
+    ap.add_argument("--model", default="scratch", choices=list(MODELS))
     ap.add_argument("--vocab", type=Path, default=None)
     ap.add_argument("--tokenized", type=Path, default=REPO / "data" / "tokenized")
     ap.add_argument("--params", type=Path, default=REPO / "params.yaml")

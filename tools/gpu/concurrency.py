@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 from nmt.core.codecs import load_codecs  # noqa: E402
 from nmt.core.runtime import limit_attention_kernels, pick_device, seed_everything  # noqa: E402
-from nmt.models import ModelConfig, build_model  # noqa: E402
+from nmt.models import MODELS, ModelConfig, build_model  # noqa: E402
 from nmt.pipeline.params import load_params  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
 from nmt.stages.bench import SpeedPlan, bench_inputs, make_update, sync  # noqa: E402
@@ -214,7 +214,7 @@ def main() -> int:
     parser.add_argument("--updates", type=int, default=200, help="timed updates a process")
     parser.add_argument("--steps", type=int, default=20, help="training batches a process cycles")
     parser.add_argument("--recipe", default="published")
-    parser.add_argument("--model", default="scratch", help="baseline, scratch or decoder_only")
+    parser.add_argument("--model", default="scratch", choices=list(MODELS))
     parser.add_argument("--threads", type=int, default=1, help="torch threads a process (the "
                         "GPU profile's: 1)")
     parser.add_argument("--json", type=Path, help="write the figures here")
