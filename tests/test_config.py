@@ -19,6 +19,8 @@ from nmt.pipeline.commandline import thread_count, usable_cores
 from nmt.pipeline.params import SCHEMA_PATH, load_params, read_schema
 from nmt.pipeline.recipes import resolve
 
+# The models with rotary positions (the registry's: scratch), which params.yaml trains alone.
+ROTARY = [name for name, model in registry.MODELS.items() if "rotary" in model.positions]
 DEMO_IS = "demo_d10"  # the search step the demo copies (= demo_s14 + the decoder-only's depth)
 
 
@@ -73,8 +75,9 @@ def test_the_schemas_model_names_are_the_registrys(params_file):
         ({"model": {"tie_embeddings": True}}, "tie_embeddings needs one shared vocabulary"),
         # Rotary positions: the scratch model's only, and pairs of features in a head.
         ({"model": {"positions": "rotary"}},
-         "published has model.positions rotary, which only scratch has, and pipeline.models "
-         "also trains baseline, decoder_only (fix: pipeline.models: [scratch]"),
+         f"published has model.positions rotary, which only {' and '.join(ROTARY)} "
+         f"{'has' if len(ROTARY) == 1 else 'have'}, and pipeline.models also trains baseline, "
+         f"decoder_only (fix: pipeline.models: [{', '.join(ROTARY)}]"),
         ({"model": {"positions": "rotary", "d_model": 24, "nhead": 8}},
          "model: rotary positions rotate pairs of features, and a head has 3"),
         ({"model": {"positions": "spiral"}}, "model.positions: 'spiral' is not allowed"),
