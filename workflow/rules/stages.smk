@@ -382,7 +382,7 @@ rule report:
         expand("data/vocab/{recipe}", recipe=RECIPES),
         code=[
             *SHARED_CODE,
-            "src/nmt/stages/report.py",
+            *package("src/nmt/stages/report"),
             "src/nmt/core/stats.py",
             "src/nmt/core/text.py",
         ],
