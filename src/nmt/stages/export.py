@@ -74,7 +74,7 @@ def export(settings: dict, paths: Paths, check_pairs: int = CHECK_PAIRS) -> dict
             raise NmtError(f"{run.name}: the exported model's log-probabilities differ from "
                            f"ours by up to {check['max_abs_logprob_diff']:.2e} on "
                            f"{len(pairs)} validation pairs, over the {TOLERANCE:.0e} allowed; "
-                           "nothing was written (fix: the conversion in nmt/engine.py is "
+                           "nothing was written (fix: the conversion in nmt/core/engine.py is "
                            "wrong for this model; report it)")
         write_json(folder / "nmt.json", {
             "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,
