@@ -164,13 +164,21 @@ def test_the_schemas_corpus_kinds_are_the_tables():
     assert schema["$defs"]["data"]["properties"]["corpus"]["enum"] == list(KINDS)
 
 
-def test_every_kind_gives_what_the_pipeline_asks_and_download_declares_its_keys():
-    declared = declaration.load(REPO / declaration.DECLARATION)["download"].corpus_params
+def test_every_kind_gives_what_the_pipeline_asks_of_a_kind():
     for name, kind in KINDS.items():
         for function in ("check", "preflight", "describe", "download", "title"):
             assert callable(getattr(kind, function, None)), (name, function)
-        assert set(kind.PARAMS) <= set(declared), name
-        assert all(key in PARAMS["data"] for key in (k.split(".")[1] for k in kind.PARAMS)), name
+        for key in kind.SETTINGS:  # a default in params.yaml: DVC reads every declared key
+            assert key.split(".")[1] in PARAMS["data"], (name, key)
+
+
+def test_sources_and_download_declare_every_kinds_settings():
+    stages = declaration.load(REPO / declaration.DECLARATION)
+    settings = [key for kind in KINDS.values() for key in kind.SETTINGS]
+    assert {"data.files", "data.huggingface"} <= set(settings)
+    for name in ("sources", "download"):
+        declared = stages[name].corpus_params
+        assert set(settings) <= set(declared) and declaration.KIND_SETTINGS not in declared
 
 
 def test_download_asks_a_train_split_for_what_verify_trains_on():

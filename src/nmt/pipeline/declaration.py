@@ -21,10 +21,15 @@ from pathlib import Path
 
 import yaml
 
+from nmt.pipeline.corpora.kinds import KINDS
+
 DECLARATION = Path("workflow/stages.yaml")
 CODE = "src/nmt"
 DIMENSIONS = ("recipe", "model", "seed")
 DEFAULT_MODELS = "pipeline.models"  # the list a per-model stage runs over, unless models_from
+# In corpus_params: the settings of every corpus kind, each kind's SETTINGS (data.files,
+# data.huggingface; nmt.pipeline.corpora), so that a new kind needs no declaration edit.
+KIND_SETTINGS = "data.{kind}"
 
 
 @dataclass
@@ -96,8 +101,15 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
             raise ValueError(f"{path}: stage {name}: code is derived from its module's "
                              "imports; remove it")
         own = [c for c in stage_code(name, src) if c not in shared]
-        stages[name] = Stage(name=name, **s, code=shared + own, shared_code=shared)
+        corpus = {"corpus_params": corpus_keys(s.get("corpus_params", []))}
+        stages[name] = Stage(name=name, **(s | corpus), code=shared + own, shared_code=shared)
     return stages
+
+
+def corpus_keys(declared: list[str]) -> list[str]:
+    """corpus_params as declared, KIND_SETTINGS replaced by every corpus kind's settings."""
+    kinds = [key for kind in KINDS.values() for key in kind.SETTINGS]
+    return [key for entry in declared for key in (kinds if entry == KIND_SETTINGS else [entry])]
 
 
 # ---- code: what a stage runs, from the imports ----------------------------------------------

@@ -12,9 +12,9 @@ from nmt.core.files import sha256
 from nmt.pipeline.corpora.raw import Origin, read_text, write_split
 from nmt.pipeline.corpus import splits
 
-# What download reads of data besides corpus, the languages and the test sets (declared
-# for it in workflow/stages.yaml; a test checks).
-PARAMS = ("data.files",)
+# Its settings: the keys of data it reads, download and sources alike (workflow/stages.yaml
+# declares them for both as "data.{kind}").
+SETTINGS = ("data.files",)
 
 
 def local_files(data: dict, root: Path = Path(".")) -> dict[str, Path]:
