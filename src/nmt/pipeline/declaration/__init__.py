@@ -25,6 +25,7 @@ from nmt.pipeline.declaration.declared import (
     CODE,
     DECLARATION,
     DIMENSIONS,
+    KIND_SETTINGS,
     PLACEHOLDER,
     Stage,
     load,
@@ -39,7 +40,8 @@ from nmt.pipeline.declaration.snakemake import (
     smk_rule,
 )
 
-__all__ = ["CODE", "DECLARATION", "DIMENSIONS", "PLACEHOLDER", "SNAKEMAKE_RULES", "Stage",
+__all__ = ["CODE", "DECLARATION", "DIMENSIONS", "KIND_SETTINGS", "PLACEHOLDER",
+           "SNAKEMAKE_RULES", "Stage",
            "declared_values", "imports", "input_templates", "load", "lookup", "module_name",
            "render_dvc", "render_snakemake", "rendered", "shared_code", "smk_rule",
            "stage_code"]

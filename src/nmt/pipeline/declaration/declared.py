@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from nmt.pipeline.corpora.kinds import KINDS
 from nmt.pipeline.declaration.code import shared_code, stage_code
 
 DECLARATION = Path("workflow/stages.yaml")
@@ -20,6 +21,9 @@ CODE = "src/nmt"
 DIMENSIONS = ("recipe", "model", "seed")
 DEFAULT_MODELS = "pipeline.models"  # the list a per-model stage runs over, unless models_from
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
+# In corpus_params: the settings of every corpus kind, each kind's SETTINGS (data.files,
+# data.huggingface; nmt.pipeline.corpora), so that a new kind needs no declaration edit.
+KIND_SETTINGS = "data.{kind}"
 # Snakemake's own names that a cmd may hold besides the job's wildcards, {bench} and a declared
 # {gpu_mem_mb}: its shell command fills them ({threads}: the job's; DVC fills that one too).
 SNAKEMAKE_NAMES = {"threads", "input", "output", "log", "params", "wildcards", "resources"}
@@ -112,10 +116,17 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
             raise ValueError(f"{path}: stage {name}: code is derived from its module's "
                              "imports; remove it")
         own = [c for c in stage_code(name, src) if c not in shared]
-        stages[name] = Stage(name=name, **s, code=shared + own, shared_code=shared)
+        corpus = {"corpus_params": corpus_keys(s.get("corpus_params", []))}
+        stages[name] = Stage(name=name, **(s | corpus), code=shared + own, shared_code=shared)
     for stage in stages.values():
         check(stage)
     return stages
+
+
+def corpus_keys(declared: list[str]) -> list[str]:
+    """corpus_params as declared, KIND_SETTINGS replaced by every corpus kind's settings."""
+    kinds = [key for kind in KINDS.values() for key in kind.SETTINGS]
+    return [key for entry in declared for key in (kinds if entry == KIND_SETTINGS else [entry])]
 
 
 def check(stage: Stage) -> None:
