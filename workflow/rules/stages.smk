@@ -210,6 +210,8 @@ rule train:
             "src/nmt/training/outputs.py",
             "src/nmt/training/precision.py",
             "src/nmt/training/resume.py",
+            "src/nmt/training/state.py",
+            "src/nmt/training/state_writer.py",
             "src/nmt/training/step.py",
         ],
     output:
