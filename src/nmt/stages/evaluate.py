@@ -35,7 +35,8 @@ from nmt.core.text import read_lines
 from nmt.core.unknowns import detokenize_outputs, source_surfaces
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
-from nmt.training.precision import Workload, choose
+from nmt.training.precision import choose
+from nmt.training.precision_timing import Workload
 
 log = logging.getLogger("nmt.evaluate")
 
