@@ -1,7 +1,7 @@
 """Interrupted training resumes to the same numbers: SIGKILL anywhere, SIGTERM, SIGINT.
 
 Killed runs are real processes (`python -m nmt train` with the test hook NMT_TEST_KILL_AT,
-read in nmt/training/resume.py); each is resumed in this process and its outputs compared byte
+read in nmt/training/faults.py); each is resumed in this process and its outputs compared byte
 for byte with an uninterrupted run: best.pt, last.pt, history.csv and train.json (wall-clock
 columns aside, nmt.training.loop.TIMING_FIELDS). Tiny model, 300 pairs: 10 updates an epoch,
 3 epochs.

@@ -260,7 +260,6 @@ def test_a_same_size_but_different_vocabulary_is_refused(prepared, tmp_path, cap
                      "vocab_sha256": fingerprint}, *codecs, vocab)
 
 
-
 def test_a_trained_run_opens_with_the_vocabulary_it_was_trained_with(prepared, tmp_path):
     """load_trained, what evaluate, export, translate and the decoding bench open a run with:
     the model in eval mode, its codecs and config; the vocabulary named, or found from the
@@ -276,6 +275,7 @@ def test_a_trained_run_opens_with_the_vocabulary_it_was_trained_with(prepared, t
     assert asked == ["word"] and found.checkpoint["recipe"] == "word"
     with pytest.raises(NmtError, match="source/target tokens"):  # BPE's 1,000 against words
         load_trained(tmp_path / "best.pt", prepared["bpe"])
+
 
 # --- nmt translate: hostile input ------------------------------------------------------------
 

@@ -191,10 +191,10 @@ def setup(settings: dict, paths: Paths, *, restart: bool = False) -> Trainer:
 def run_precisions(settings: dict, device: torch.device, vocab_sizes: tuple[int, int],
                    state: dict | None) -> dict[str, Choice]:
     """train.precision's choices for the run (nmt.training.precision): the ones its resume
-    state recorded at the run's start, so that a resumed run trains and decodes as it began
-    whatever the machine's measurement says now; else chosen now. Choosing may measure, which
-    draws from torch's generators: they are left as they were (fork_rng), so a run's numbers do
-    not depend on whether this machine's measurement was cached."""
+    state recorded at the run's start (resume.precisions), so that a resumed run trains and
+    decodes as it began whatever the machine's measurement says now; else chosen now. Choosing
+    may measure, which draws from torch's generators: they are left as they were (fork_rng), so
+    a run's numbers do not depend on whether this machine's measurement was cached."""
     kept = resume.precisions(state)
     if kept is not None:
         return kept

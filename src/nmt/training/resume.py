@@ -87,6 +87,7 @@ def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
             out.append(f"{prefix}{k}")
     return out
 
+
 def usable_state(path: Path, resume_key: dict, restart: bool) -> tuple[dict | None, str]:
     """(the resume state at `path` to continue, "") or (None, why it is set aside; "" if there
     is none)."""
@@ -99,6 +100,7 @@ def usable_state(path: Path, resume_key: dict, restart: bool) -> tuple[dict | No
         changed = differences(state["config"], resume_key)
         return None, f"it was written with other settings (changed: {', '.join(changed[:4])})"
     return state, why
+
 
 def read(path: Path) -> tuple[dict | None, str]:
     """(state, "") or (None, why it cannot be used)."""
@@ -127,6 +129,7 @@ def remove_temporaries(paths: Iterable[Path]) -> None:
     for path in paths:
         files.remove_temporaries(path)
 
+
 def precisions(state: dict | None) -> dict[str, Choice] | None:
     """The precision choices a resume state recorded at its run's start, which the resumed run
     keeps, so that it trains and decodes as it began whatever the machine's measurement says
@@ -137,6 +140,7 @@ def precisions(state: dict | None) -> dict[str, Choice] | None:
     log.info("precision kept from the run's start: training %s, decoding %s",
              kept["train"].precision, kept["decode"].precision)
     return kept
+
 
 def restore(trainer: Trainer, state: dict) -> Progress:
     """The Progress a resume state holds, read back with the weights, the optimizer, the lr
@@ -163,6 +167,7 @@ def restore(trainer: Trainer, state: dict) -> Progress:
              progress.batch, len(trainer.plan(progress.epoch)), files.resume)
     return progress
 
+
 def rng_state(device: torch.device) -> dict:
     """Every generator training draws from: torch CPU (dropout on CPU), CUDA, Python's."""
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
@@ -175,6 +180,7 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
+
 
 def save(trainer: Trainer, progress: Progress) -> None:
     """Start writing the resume state (rank 0): all it takes to continue exactly where the run
@@ -200,6 +206,7 @@ def save(trainer: Trainer, progress: Progress) -> None:
             "progress": now})
     trainer.saved, trainer.last_save = progress.where(trainer), time.monotonic()
     trainer.clock["saving"] = trainer.clock.get("saving", 0.0) + time.perf_counter() - began
+
 
 class Stopped(Exception):
     """Training stopped by a signal with its resume state kept; `code` is the exit status."""
