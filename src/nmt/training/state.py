@@ -1,9 +1,11 @@
 """What a training run holds while it trains: `Trainer`, what it trains with (settings, places,
 data, model and its updates, the resume state found), `Progress`, where it stands (the loop's
-state, which the resume state keeps as a dict), and `Paths`, where it reads and writes.
+state, which the resume state keeps as a dict), `Paths`, where it reads and writes, and
+`spent`, the run's seconds by phase over all its processes.
 
 The loop (nmt.training.loop) builds and advances them; the epoch's meter, the outputs and the
-resume state (meter, outputs, resume) read them. This module imports none of those.
+resume state (meter, outputs, resume) read them, and resume rebuilds a Progress from a state
+it reads back. This module imports none of those.
 """
 
 from __future__ import annotations
