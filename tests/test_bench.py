@@ -12,7 +12,7 @@ from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 from nmt.stages.bench import MAX_RATIO_SPREAD, SpeedPlan, bench_inputs, interleaved, padding_share
-from nmt.training.precision import BF16_MIN_SPEEDUP
+from nmt.training.precision_timing import BF16_MIN_SPEEDUP
 
 
 def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys):

@@ -215,7 +215,11 @@ rule train:
             "src/nmt/training/meter.py",
             "src/nmt/training/outputs.py",
             "src/nmt/training/precision.py",
+            "src/nmt/training/precision_cache.py",
+            "src/nmt/training/precision_timing.py",
             "src/nmt/training/resume.py",
+            "src/nmt/training/state.py",
+            "src/nmt/training/state_writer.py",
             "src/nmt/training/step.py",
         ],
     output:
@@ -263,6 +267,8 @@ rule evaluate:
             "src/nmt/training/graphs.py",
             "src/nmt/training/launch.py",
             "src/nmt/training/precision.py",
+            "src/nmt/training/precision_cache.py",
+            "src/nmt/training/precision_timing.py",
             "src/nmt/training/step.py",
         ],
     output:
@@ -343,6 +349,8 @@ rule bench:
             "src/nmt/training/graphs.py",
             "src/nmt/training/launch.py",
             "src/nmt/training/precision.py",
+            "src/nmt/training/precision_cache.py",
+            "src/nmt/training/precision_timing.py",
             "src/nmt/training/step.py",
         ],
     output:

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.core.checkpoint import check_vocab, load
-from nmt.core.codecs import load_codecs
+from nmt.core.checkpoint import load_trained
 from nmt.core.data import load_pairs
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.engine import Engine, max_abs_difference, model_spec, tokens_of
@@ -29,7 +28,6 @@ from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.records import write_record
 from nmt.core.runs import ENCODER_DECODERS, Run, RunFiles
-from nmt.models import ModelConfig
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
 
@@ -56,11 +54,9 @@ def export(settings: dict, paths: Paths, check_pairs: int = CHECK_PAIRS) -> dict
                        "attention (bidirectional over the source, causal over the target, in "
                        "one stack); its decoders attend causally only (fix: export a baseline "
                        "or scratch run)")
-    model, ckpt = load(paths.run.best, "cpu", expect=run, settings=settings)
-    src_codec, tgt_codec = load_codecs(paths.vocab)
-    check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
+    trained = load_trained(paths.run.best, paths.vocab, "cpu", expect=run, settings=settings)
+    model, (src_codec, tgt_codec), cfg = trained.model, trained.codecs, trained.config
     src_tokens, tgt_tokens = tokens_of(src_codec), tokens_of(tgt_codec)
-    cfg = ModelConfig.from_dict(ckpt["model_config"])
     spec = model_spec(run.model, model.state_dict(), cfg, src_tokens, tgt_tokens)
     spec.optimize(quantization="float32")
     pairs = load_pairs(paths.tokenized, "val", src_codec, tgt_codec, cfg.max_len)
