@@ -15,7 +15,7 @@ from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 from nmt.stages.bench import MAX_RATIO_SPREAD, SpeedPlan, bench_inputs, interleaved, padding_share
 from nmt.stages.bench.table import ratio_name, spread_of
-from nmt.training.precision import BF16_MIN_SPEEDUP
+from nmt.training.precision_timing import BF16_MIN_SPEEDUP
 
 
 def test_bench_writes_figures_and_ratios(prepared, params_file, tmp_path, capsys):

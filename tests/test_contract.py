@@ -28,6 +28,7 @@ from forkserver import ForkServer, Pending
 from nmt.cli import main
 from nmt.core.errors import NmtError
 from nmt.pipeline import declaration
+from nmt.pipeline.declaration.code import LIGHT
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 from tiny import BIN, run, scratch_copy
@@ -117,15 +118,15 @@ def module_names(modules: list[str]) -> set[str]:
     (nmt.models.scratch.attention -> models, nmt.stages.verify.measure -> stages/verify), a
     module by its file (nmt.stages.vocab -> stages/vocab.py), a package's own __init__ by that
     file (nmt -> __init__.py, nmt.core -> core/__init__.py). A unit's light modules
-    (declaration.LIGHT: nmt.models.registry) are their files, and so is the unit's __init__
+    (LIGHT: nmt.models.registry) are their files, and so is the unit's __init__
     where nothing else of the unit was imported."""
     units = {c for s in STAGES.values() for c in s.code if not c.endswith(".py")}
-    heavy = [m for m in modules if m not in declaration.LIGHT]
+    heavy = [m for m in modules if m not in LIGHT]
     out = set()
     for m in modules:
         path = "/".join(m.split(".")[1:])
         unit = next((u for u in units if path == u or path.startswith(u + "/")), None)
-        if m in declaration.LIGHT:
+        if m in LIGHT:
             out.add(path + ".py")
         elif unit == path and not any(h.startswith(m + ".") for h in heavy):
             out.add(f"{path}/__init__.py")

@@ -14,11 +14,13 @@ from nmt.core.data import load_pairs
 from nmt.core.errors import NmtError
 from nmt.core.files import sha256
 from nmt.core.records import RECORD, read_sums
-from nmt.pipeline import preflight
+from nmt.pipeline import declaration, preflight
+from nmt.pipeline.corpora.kinds import KINDS
+from nmt.pipeline.corpora.raw import MIN_TRAIN_PAIRS
 from nmt.pipeline.params import load_params
 from nmt.stages import sources, vocab
-from nmt.stages.download import MIN_TRAIN_PAIRS, download
 from nmt.stages.download import Paths as DownloadPaths
+from nmt.stages.download import download
 from nmt.stages.tokenize import Paths as TokenizePaths
 from nmt.stages.tokenize import tokenize
 from nmt.stages.verify import TRAJECTORY_STEPS, verify
@@ -155,6 +157,28 @@ def test_bad_huggingface_datasets_are_one_line(corpus, tmp_path):
             download(settings("huggingface", entry), DownloadPaths(tmp_path / "raw"))
         assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
         assert not (tmp_path / "raw").exists()
+
+
+def test_the_schemas_corpus_kinds_are_the_tables():
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "params.schema.yaml").read_text())
+    assert schema["$defs"]["data"]["properties"]["corpus"]["enum"] == list(KINDS)
+
+
+def test_every_kind_gives_what_the_pipeline_asks_of_a_kind():
+    for name, kind in KINDS.items():
+        for function in ("check", "preflight", "describe", "download", "title"):
+            assert callable(getattr(kind, function, None)), (name, function)
+        for key in kind.SETTINGS:  # a default in params.yaml: DVC reads every declared key
+            assert key.split(".")[1] in PARAMS["data"], (name, key)
+
+
+def test_sources_and_download_declare_every_kinds_settings():
+    stages = declaration.load(REPO / declaration.DECLARATION)
+    settings = [key for kind in KINDS.values() for key in kind.SETTINGS]
+    assert {"data.files", "data.huggingface"} <= set(settings)
+    for name in ("sources", "download"):
+        declared = stages[name].corpus_params
+        assert set(settings) <= set(declared) and declaration.KIND_SETTINGS not in declared
 
 
 def test_download_asks_a_train_split_for_what_verify_trains_on():

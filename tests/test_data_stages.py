@@ -13,6 +13,7 @@ from conftest import REPO
 from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID, SPECIALS, load_codecs
 from nmt.core.data import Batches, load_pairs, padding_fraction, sentence_batches, token_batches
 from nmt.core.errors import NmtError
+from nmt.core.files import sha256
 from nmt.core.records import RECORD, read_sums
 from nmt.core.text import (
     detokenize,
@@ -23,9 +24,10 @@ from nmt.core.text import (
     tokenizer,
     words,
 )
+from nmt.pipeline.corpora.raw import PINS as SUMS
 from nmt.pipeline.params import load_params
-from nmt.stages.download import SUMS, download, sha256
 from nmt.stages.download import Paths as DownloadPaths
+from nmt.stages.download import download
 from nmt.stages.tokenize import Paths as TokenizePaths
 from nmt.stages.tokenize import tokenize
 from nmt.stages.vocab import build_vocab

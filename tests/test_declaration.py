@@ -8,6 +8,8 @@ against it here, so that adding a stage means a module, one declaration entry an
   declaration;
 - the code each stage runs is derived from the imports, not declared: a planted import, an
   added or a moved module changes what it renders, with no edit of the declaration;
+- an entry that a tool could not run as declared is refused as the declaration is read,
+  before either file is rendered;
 - a toy stage added to a copy of the repository (a module, a declaration entry, a params
   key and its schema entry) runs as `nmt toy`, under `dvc repro` and under `snakemake`, and
   reads only what it declares.
@@ -106,8 +108,9 @@ def test_every_stage_runs_the_shared_code_and_its_own_module_first():
     # tests' read recording (NMT_TRACK_READS) import
     assert {"__init__.py", "cli.py", "stages/__init__.py", "pipeline/orchestrators.py",
             "core/errors.py"} <= set(shared)
-    assert not {"pipeline/tracking.py", "pipeline/declaration.py", "core/runtime.py",
-                "commands/translate.py", "stages/train"} & set(shared)
+    assert not {"pipeline/tracking.py", "core/runtime.py", "commands/translate.py",
+                "stages/train"} & set(shared)
+    assert not [c for c in shared if c.startswith("pipeline/declaration/")]
     assert STAGES["verify"].code[len(shared)] == "stages/verify"  # a package: its folder
     assert "models" in STAGES["train"].code and "models" not in STAGES["report"].code
     # params validation reads the model registry, torch-free: its files, not the models unit
@@ -154,11 +157,12 @@ def test_an_added_or_moved_module_needs_no_declaration_edit(tmp_path):
     (core / "text.py").write_text(text.replace(first, "from nmt.core import words\n" + first, 1))
     # Moved: core/stats.py is core/statistics.py, and report imports it by that name.
     (core / "stats.py").rename(core / "statistics.py")
-    report = src / "nmt" / "stages" / "report.py"
-    text = report.read_text()
-    assert "from nmt.core import stats " in text
-    report.write_text(text.replace("from nmt.core import stats ",
-                                   "from nmt.core import statistics as stats "))
+    importers = [path for path in sorted((src / "nmt" / "stages" / "report").glob("*.py"))
+                 if "from nmt.core import stats\n" in path.read_text()]
+    assert importers  # the report package's modules that compute statistics
+    for path in importers:
+        path.write_text(path.read_text().replace("from nmt.core import stats\n",
+                                                 "from nmt.core import statistics as stats\n"))
     code = derived(src)
     for name, stage_code in code.items():
         assert ("core/words.py" in stage_code) == ("core/text.py" in stage_code), name
@@ -179,6 +183,27 @@ def test_a_declared_code_list_is_refused(tmp_path):
                                              "    cmd: nmt sources --out", 1))
     with pytest.raises(ValueError, match="sources: code is derived"):
         declaration.load(path)
+
+
+@pytest.mark.parametrize("old, new, refusal", [
+    ("--threads {threads}", "--threads {jobs}", r"tokenize: \{jobs\} in its cmd is none of"),
+    ("    outs: [data/raw]", '    outs: ["data/raw/{recipe}"]',
+     "download: output data/raw/{recipe} is a folder"),
+    ("    outs: [data/raw]", "    outs: [data/raw]\n    recipe_params: [train.lr]",
+     "download: recipe_params, but it does not run per recipe"),
+    ("    outs: [data/raw]", "    outs: [data/raw]\n    gpu: train.devices",
+     "download: gpu train.devices is a recipe key"),
+])
+def test_an_entry_no_tool_could_run_is_refused_as_it_is_read(tmp_path, old, new, refusal):
+    """Every check is the reading's (load), before either file is rendered: DVC's as well as
+    Snakemake's, which would otherwise render a rule that cannot run."""
+    src = source_copy(tmp_path)
+    path = src.parent / declaration.DECLARATION
+    path.write_text(path.read_text().replace(old, new, 1))
+    with pytest.raises(ValueError, match=refusal):
+        declaration.load(path)
+    with pytest.raises(ValueError, match=refusal):
+        declaration.render_dvc(path)
 
 
 # ---- a toy stage, added as docs/adding-a-stage.md says ------------------------------------

@@ -36,7 +36,7 @@ from nmt.core.runtime import cpu_features, resolve_compile
 from nmt.models import MODELS, ModelConfig, build_model
 from nmt.stages.evaluate import Paths as EvalPaths
 from nmt.stages.evaluate import evaluate
-from nmt.training import precision as precisions
+from nmt.training import precision_cache, precision_timing
 from nmt.training.loop import train
 from nmt.training.step import compiled
 from train_helpers import (
@@ -198,10 +198,10 @@ def test_auto_precision_trains_and_decodes_in_what_the_calibration_found_faster(
     def stand_in(workload):
         wins = faster if workload.kind == "train" else {"bf16": "fp32", "fp32": "bf16"}[faster]
         pair = (1.0, 0.5 if wins == "bf16" else 2.0)
-        return {m: precisions.Timing((pair,) * precisions.MIN_PAIRS) for m in MODELS}
+        return {m: precision_timing.Timing((pair,) * precision_timing.MIN_PAIRS) for m in MODELS}
 
-    monkeypatch.setattr(precisions, "measure", stand_in)
-    monkeypatch.setenv(precisions.CACHE_ENV, str(tmp_path))  # no other test's figures
+    monkeypatch.setattr(precision_timing, "measure", stand_in)
+    monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path))  # no other test's figures
     summary, _ = fit(data, tmp_path, "auto", precision="auto", epochs=1)
     assert (summary["precision"], summary["decode_precision"]) == (trains_in, decodes_in)
     assert summary["bf16_speedup"] == (2.0 if trains_in == "bf16" else 0.5)

@@ -92,7 +92,7 @@ def test_every_module_lies_in_a_layer():
     ("pipeline/params.py", "from nmt.stages import train"),  # pipeline: no stage
     ("stages/evaluate.py", "from nmt.stages.train import Paths"),  # a stage: no other stage
     ("stages/verify/measure.py", "from nmt.stages import bench"),  # (inside a package too)
-    ("stages/report.py", "from nmt.commands import translate"),  # a stage: no command
+    ("stages/report/speed.py", "from nmt.commands import translate"),  # a stage: no command
     ("core/decoding.py", "import nmt.cli"),  # nothing but the top imports cli
 ])
 def test_a_planted_upward_import_is_found(tmp_path, where, planted):

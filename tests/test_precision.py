@@ -20,8 +20,10 @@ import pytest
 import torch
 
 from nmt.models import MODELS
-from nmt.training import precision
-from nmt.training.precision import (
+from nmt.training import precision_cache, precision_timing
+from nmt.training.precision import choices, choose
+from nmt.training.precision_cache import calibration
+from nmt.training.precision_timing import (
     BF16_MIN_SPEEDUP,
     MAX_CALIBRATION_TOKENS,
     MAX_SPREAD,
@@ -30,9 +32,6 @@ from nmt.training.precision import (
     SENTENCE_TOKENS,
     Timing,
     Workload,
-    calibration,
-    choices,
-    choose,
 )
 
 CPU = torch.device("cpu")
@@ -49,7 +48,7 @@ def workload(kind: str = "train", vocab: int = 50) -> Workload:
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """A cache folder of the test's own; returns precision.json's path."""
-    monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path))
     return tmp_path / "precision.json"
 
 
@@ -64,7 +63,7 @@ def plant_clock(monkeypatch, seconds) -> list:
         passes.append((model, precision_name))
         return seconds(model, precision_name, passes.count((model, precision_name)) - 1)
 
-    monkeypatch.setattr(precision, "timed", timed)
+    monkeypatch.setattr(precision_timing, "timed", timed)
     return passes
 
 
@@ -76,13 +75,13 @@ def steady(fp32: float, bf16: float):
 def measurements(monkeypatch) -> list:
     """Counts the calibration's measurements (the real one, wrapped)."""
     calls: list = []
-    real = precision.measure
+    real = precision_timing.measure
 
     def measure(work):
         calls.append(work)
         return real(work)
 
-    monkeypatch.setattr(precision, "measure", measure)
+    monkeypatch.setattr(precision_timing, "measure", measure)
     return calls
 
 
@@ -137,7 +136,7 @@ def test_a_noisy_measurement_is_fp32_for_this_run_and_not_cached(cache, monkeypa
     # ... and a run that starts later measures again.
     [entry] = json.loads(cache.read_text())
     assert entry["inconclusive"] is True
-    then = datetime.now(UTC) - timedelta(seconds=precision.INCONCLUSIVE_HOLD_SECONDS + 1)
+    then = datetime.now(UTC) - timedelta(seconds=precision_cache.INCONCLUSIVE_HOLD_SECONDS + 1)
     cache.write_text(json.dumps([entry | {"measured": then.isoformat()}]))
     choose("auto", CPU, workload())
     assert len(calls) == 2
@@ -191,13 +190,13 @@ def test_a_huge_batch_is_calibrated_on_a_bounded_one(cache, monkeypatch):
         work = Workload.of(huge | {"train": train}, 50, 50, "train")
         assert work.sentences * SENTENCE_TOKENS == MAX_CALIBRATION_TOKENS
     shapes = []
-    real_update = precision.update
+    real_update = precision_timing.update
 
     def update(model, batch, work):
         shapes.append(tuple(batch.shape))
         return real_update(model, batch, work)
 
-    monkeypatch.setattr(precision, "update", update)
+    monkeypatch.setattr(precision_timing, "update", update)
     plant_clock(monkeypatch, steady(1.0, 0.5))
     settings = huge | {"train": huge["train"] | {"max_updates": 10, "device": "cpu"},
                        "vocab": {"kind": "bpe", "bpe_size": 50}}
@@ -232,8 +231,8 @@ def test_a_calibration_is_measured_once_a_machine_and_workload(cache, monkeypatc
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     calibration(workload())
     assert len(calls) == 4
-    code = precision.models_code()
-    monkeypatch.setattr(precision, "models_code", lambda: "a changed model")
+    code = precision_cache.models_code()
+    monkeypatch.setattr(precision_cache, "models_code", lambda: "a changed model")
     calibration(workload())
     assert len(calls) == 5
     entries = json.loads(cache.read_text())
@@ -248,8 +247,8 @@ def test_a_calibration_is_measured_once_a_machine_and_workload(cache, monkeypatc
 def test_entries_of_earlier_versions_are_left_for_their_clones(cache, monkeypatch, caplog):
     """An entry of the single-pass calibration (no `calibration` field; summed seconds) is not
     read, and not called damage: the clones that wrote it still read it."""
-    earlier = {"machine": precision.machine(), "models": precision.models_code(),
-               "workload": precision.jsonable(workload()),
+    earlier = {"machine": precision_cache.machine(), "models": precision_cache.models_code(),
+               "workload": precision_cache.jsonable(workload()),
                "seconds": {m: {"fp32": 1.0, "bf16": 0.1} for m in MODELS}, "measured": "then"}
     cache.write_text(json.dumps([earlier]))
     plant_clock(monkeypatch, steady(1.0, 1.0))
@@ -353,14 +352,14 @@ def test_a_folder_at_the_cache_path_is_one_warning_and_a_measurement_a_run(cache
 
 def slow_stand_in(work):
     """A calibration that takes a while and leaves a mark for each time it ran."""
-    with open(precision.cache_path().with_name("measured"), "a") as marks:
+    with open(precision_cache.cache_path().with_name("measured"), "a") as marks:
         marks.write("x")
     time.sleep(0.5)
     return {m: Timing(((1.0, 0.5),) * MIN_PAIRS) for m in MODELS}
 
 
 def calibrate_in_a_process(queue) -> None:
-    precision.measure = slow_stand_in  # this process's own module, forked with the test's
+    precision_timing.measure = slow_stand_in  # this process's own module, forked with the test's
     queue.put(choose("auto", CPU, workload()).precision)
 
 
@@ -431,7 +430,7 @@ def test_a_cache_that_cannot_be_kept_costs_a_measurement_not_the_run(tmp_path, m
     """A read-only home (here: the cache's folder is a file): measured, one warning, a choice."""
     blocked = tmp_path / "file"
     blocked.write_text("")
-    monkeypatch.setenv(precision.CACHE_ENV, str(blocked / "nmt"))
+    monkeypatch.setenv(precision_cache.CACHE_ENV, str(blocked / "nmt"))
     plant_clock(monkeypatch, steady(1.0, 0.5))
     calls = measurements(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="nmt.precision"):

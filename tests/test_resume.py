@@ -1,7 +1,7 @@
 """Interrupted training resumes to the same numbers: SIGKILL anywhere, SIGTERM, SIGINT.
 
 Killed runs are real processes (`python -m nmt train` with the test hook NMT_TEST_KILL_AT,
-read in nmt/training/resume.py); each is resumed in this process and its outputs compared byte
+read in nmt/training/faults.py); each is resumed in this process and its outputs compared byte
 for byte with an uninterrupted run: best.pt, last.pt, history.csv and train.json (wall-clock
 columns aside, nmt.training.loop.TIMING_FIELDS). Tiny model, 300 pairs: 10 updates an epoch,
 3 epochs.
@@ -25,7 +25,7 @@ import yaml
 from nmt import cli
 from nmt.core.errors import NmtError
 from nmt.core.runs import Run
-from nmt.training import resume
+from nmt.training import resume, state_writer
 from nmt.training.resume import StopSignals
 from train_helpers import assert_same_outputs, nmt_process, params_file, tiny_data, train_argv
 
@@ -251,7 +251,7 @@ class Blocking:
 
 
 def test_a_state_is_written_while_the_caller_goes_on(tmp_path):
-    path, writer, blocking = tmp_path / "resume.pt", resume.StateWriter(), Blocking()
+    path, writer, blocking = tmp_path / "resume.pt", state_writer.StateWriter(), Blocking()
     writer.submit(path, {"format": resume.FORMAT, "weights": torch.ones(3), "held": blocking})
     assert blocking.pickling.wait(30)  # the thread is writing; submit has returned
     assert not path.exists()  # nothing renamed onto the state's name before it is whole
@@ -262,7 +262,7 @@ def test_a_state_is_written_while_the_caller_goes_on(tmp_path):
 
 
 def test_a_second_state_waits_for_the_first_and_lands_after_it(tmp_path):
-    path, writer, blocking = tmp_path / "resume.pt", resume.StateWriter(), Blocking()
+    path, writer, blocking = tmp_path / "resume.pt", state_writer.StateWriter(), Blocking()
     writer.submit(path, {"n": 1, "held": blocking})
     assert blocking.pickling.wait(30)
     threading.Timer(0.2, blocking.release.set).start()
@@ -272,7 +272,7 @@ def test_a_second_state_waits_for_the_first_and_lands_after_it(tmp_path):
 
 
 def test_a_failed_write_is_raised_in_the_callers_thread(tmp_path):
-    writer = resume.StateWriter()
+    writer = state_writer.StateWriter()
     (tmp_path / "folder").write_text("a file where the run's folder should be")
     writer.submit(tmp_path / "folder" / "resume.pt", {"n": 1})
     with pytest.raises(NmtError, match="folder"):
@@ -286,7 +286,8 @@ def test_a_snapshot_keeps_the_values_of_its_instant():
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
-    taken = resume.snapshot({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    taken = state_writer.snapshot({"model": model.state_dict(),
+                                   "optimizer": optimizer.state_dict()})
     before = copy.deepcopy(taken)
     optimizer.step()  # in place: weights, exp_avg, exp_avg_sq, step
     assert not torch.equal(model.weight, before["model"]["weight"])

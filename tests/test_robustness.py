@@ -20,7 +20,7 @@ import torch
 import nmt
 from conftest import REPO
 from nmt.cli import main
-from nmt.core.checkpoint import check_vocab, load, save, vocab_fingerprint
+from nmt.core.checkpoint import check_vocab, load, load_trained, save, vocab_fingerprint
 from nmt.core.codecs import load_codecs
 from nmt.core.errors import NmtError
 from nmt.core.records import RECORD
@@ -258,6 +258,23 @@ def test_a_same_size_but_different_vocabulary_is_refused(prepared, tmp_path, cap
     with pytest.raises(NmtError, match="tgt.json is missing"):
         check_vocab({"src_vocab_size": sizes[0], "tgt_vocab_size": sizes[1],
                      "vocab_sha256": fingerprint}, *codecs, vocab)
+
+
+def test_a_trained_run_opens_with_the_vocabulary_it_was_trained_with(prepared, tmp_path):
+    """load_trained, what evaluate, export, translate and the decoding bench open a run with:
+    the model in eval mode, its codecs and config; the vocabulary named, or found from the
+    checkpoint's recipe; another vocabulary refused with one line."""
+    sizes = vocab_sizes(prepared["word"])
+    save_tiny(tmp_path / "best.pt", sizes, recipe="word")
+    trained = load_trained(tmp_path / "best.pt", prepared["word"])
+    assert not trained.model.training and tuple(len(c) for c in trained.codecs) == sizes
+    assert trained.config == TINY and trained.max_len == TINY.max_len
+    asked = []
+    found = load_trained(tmp_path / "best.pt", lambda recipe: asked.append(recipe) or
+                         prepared["word"])
+    assert asked == ["word"] and found.checkpoint["recipe"] == "word"
+    with pytest.raises(NmtError, match="source/target tokens"):  # BPE's 1,000 against words
+        load_trained(tmp_path / "best.pt", prepared["bpe"])
 
 
 # --- nmt translate: hostile input ------------------------------------------------------------

@@ -20,8 +20,7 @@ from nmt.core.loss import corpus_loss
 from nmt.core.runs import Run
 from nmt.core.runtime import ATTENTION_KERNELS_ENV, limit_attention_kernels
 from nmt.models import MODELS
-from nmt.training import faults, resume
-from nmt.training import precision as precisions
+from nmt.training import faults, precision_cache, precision_timing, resume
 from nmt.training.loop import train
 from nmt.training.meter import expected_minutes
 from nmt.training.step import lr_factor
@@ -219,7 +218,7 @@ def calibration_preferring(winner: str):
         torch.manual_seed(0)
         torch.randn(1000)
         pair = (1.0, 0.5 if winner == "bf16" else 2.0)
-        return {m: precisions.Timing((pair,) * precisions.MIN_PAIRS) for m in MODELS}
+        return {m: precision_timing.Timing((pair,) * precision_timing.MIN_PAIRS) for m in MODELS}
     return measure
 
 
@@ -227,15 +226,15 @@ def test_a_resumed_run_keeps_the_precision_it_began_with(data, tmp_path, monkeyp
     """Between a stop and the resume the machine's measurement changes (another cache, the
     other verdict): the run goes on in the precision it began with, says why as it began, and
     ends where an uninterrupted run in that precision ends."""
-    monkeypatch.setattr(precisions, "measure", calibration_preferring("fp32"))
-    monkeypatch.setenv(precisions.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(precision_timing, "measure", calibration_preferring("fp32"))
+    monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path / "cache"))
     whole, _ = fit(data, tmp_path, "whole", precision="auto")
     monkeypatch.setenv(faults.ENV, "step:10:TERM")  # SIGTERM after update 10 (of 21)
     with pytest.raises(resume.Stopped):
         fit(data, tmp_path, "stopped", precision="auto")
     monkeypatch.delenv(faults.ENV)
-    monkeypatch.setattr(precisions, "measure", calibration_preferring("bf16"))
-    monkeypatch.setenv(precisions.CACHE_ENV, str(tmp_path / "another cache"))
+    monkeypatch.setattr(precision_timing, "measure", calibration_preferring("bf16"))
+    monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path / "another cache"))
     resumed, _ = fit(data, tmp_path, "stopped", precision="auto")
     assert resumed["precision"] == whole["precision"] == "fp32"
     assert resumed["precision_reason"] == whole["precision_reason"]
@@ -245,8 +244,8 @@ def test_a_resumed_run_keeps_the_precision_it_began_with(data, tmp_path, monkeyp
 def test_a_run_trains_alike_whether_its_precision_was_measured_or_cached(data, tmp_path,
                                                                          monkeypatch):
     """Measuring draws from torch's generators; the run's dropout masks must not see it."""
-    monkeypatch.setattr(precisions, "measure", calibration_preferring("fp32"))
-    monkeypatch.setenv(precisions.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(precision_timing, "measure", calibration_preferring("fp32"))
+    monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path / "cache"))
     fit(data, tmp_path, "measured", precision="auto", epochs=1)  # fills the cache
     fit(data, tmp_path, "cached", precision="auto", epochs=1)  # reads it: nothing drawn
     assert_same_outputs(RUN.dir(tmp_path / "measured"), RUN.dir(tmp_path / "cached"))

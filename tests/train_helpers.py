@@ -17,7 +17,8 @@ from conftest import REPO
 from nmt.core.runs import Run, RunFiles
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
-from nmt.training.loop import TIMING_FIELDS, Paths
+from nmt.training.loop import TIMING_FIELDS
+from nmt.training.state import Paths
 
 TINY_MODEL = {"num_encoder_layers": 1, "num_decoder_layers": 1, "d_model": 32, "nhead": 2,
               "dim_feedforward": 64, "dropout": 0.1}

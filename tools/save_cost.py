@@ -1,12 +1,12 @@
-"""What writing a resume state costs the training loop: the seconds save_state keeps the loop
+"""What writing a resume state costs the training loop: the seconds resume.save keeps the loop
 (the snapshot: CPU copies of the weights, Adam's moments and the rest) against the seconds the
 whole write takes (serializing and writing to the run's disk, fsync included), which the loop
-waited for before resume states were written by a thread (nmt.training.resume.StateWriter).
+waited for before resume states were written by a thread (nmt.training.state_writer.StateWriter).
 
 A run of the recipe is set up as nmt train sets it up (nmt.training.loop.setup: its data,
 vocabulary and model, on the CPU), makes one update so that Adam's moments exist, and saves
 its state --repeats times into a temporary folder beside --results, each time timing
-save_state's return and then the write's end. At the published size the state is about 1 GB.
+resume.save's return and then the write's end. At the published size the state is about 1 GB.
 
     python tools/save_cost.py [--recipe published] [--model scratch] [--repeats 3]
 
@@ -29,7 +29,9 @@ sys.path.insert(0, str(REPO / "src"))
 from nmt.core.runs import Run  # noqa: E402
 from nmt.pipeline.params import load_params  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
-from nmt.training.loop import Paths, Progress, save_state, setup  # noqa: E402
+from nmt.training import resume  # noqa: E402
+from nmt.training.loop import setup  # noqa: E402
+from nmt.training.state import Paths, Progress  # noqa: E402
 
 
 def main() -> int:
@@ -57,7 +59,7 @@ def main() -> int:
         returned, written = [], []
         for _ in range(args.repeats):
             began = time.perf_counter()
-            save_state(trainer, progress)
+            resume.save(trainer, progress)
             returned.append(time.perf_counter() - began)
             trainer.writer.wait()
             written.append(time.perf_counter() - began)

@@ -50,7 +50,8 @@ from nmt.core.runs import Run  # noqa: E402
 from nmt.pipeline.params import load_params  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
 from nmt.stages.bench import sync  # noqa: E402
-from nmt.training.loop import Paths, setup  # noqa: E402
+from nmt.training.loop import setup  # noqa: E402
+from nmt.training.state import Paths  # noqa: E402
 from nmt.training.step import graph_body  # noqa: E402
 
 WEIGHT_TOLERANCE = 2e-2  # relative L2 difference of any weight tensor

@@ -48,7 +48,8 @@ from nmt.pipeline.params import load_params  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
 from nmt.stages.bench import SpeedPlan, bench_inputs, make_update, sync  # noqa: E402
 from nmt.training.graphs import resolve_cuda_graphs, resolve_pad_multiple  # noqa: E402
-from nmt.training.precision import Workload, choose  # noqa: E402
+from nmt.training.precision import choose  # noqa: E402
+from nmt.training.precision_timing import Workload  # noqa: E402
 
 WAIT_SECONDS = 300  # for the slowest process to get ready, and for each one's result
 SIZE_OPTIONS = {"layers": ("num_encoder_layers", "num_decoder_layers"), "d_model": ("d_model",),

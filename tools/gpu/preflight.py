@@ -57,7 +57,8 @@ from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline  # noqa:
 from nmt.pipeline.params import load_params  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
 from nmt.training.graphs import resolve_cuda_graphs, resolve_pad_multiple  # noqa: E402
-from nmt.training.precision import Workload, choose  # noqa: E402
+from nmt.training.precision import choose  # noqa: E402
+from nmt.training.precision_timing import Workload  # noqa: E402
 
 BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}

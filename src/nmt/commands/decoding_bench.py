@@ -19,8 +19,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from nmt.core.checkpoint import check_vocab, load
-from nmt.core.codecs import load_codecs
+from nmt.core.checkpoint import load_trained
 from nmt.core.data import load_pairs
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.engine import check_export, check_export_vocab, open_engine, tokens_of
@@ -55,11 +54,10 @@ def bench_decoding(settings: dict, paths: Paths, plan: DecodingPlan) -> dict:
     run = Run.parse(paths.run.folder.name)
     check_export(paths.export, run)
     torch.set_num_threads(plan.threads)
-    model, ckpt = load(paths.run.best, "cpu", expect=run, settings=settings)
-    src_codec, tgt_codec = load_codecs(paths.vocab)
-    check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
+    trained = load_trained(paths.run.best, paths.vocab, "cpu", expect=run, settings=settings)
+    model, (src_codec, tgt_codec) = trained.model, trained.codecs
     check_export_vocab(paths.export, run, tokens_of(src_codec), tokens_of(tgt_codec))
-    max_len, ev = ckpt["model_config"]["max_len"], settings["evaluate"]
+    max_len, ev = trained.max_len, settings["evaluate"]
     testset = ev["testsets"][0]
     pairs = load_pairs(paths.tokenized, testset, src_codec, tgt_codec, max_len)
     references = read_lines(paths.tokenized / f"{testset}.{settings['data']['target_lang']}.txt")

@@ -1,6 +1,6 @@
 """`nmt estimate`: what a recipe's trainings will take on this CPU, before any of them starts.
 
-It reads the precision calibration (nmt.training.precision: an update of each model at the
+It reads the precision calibration (nmt.training.precision_cache: an update of each model at the
 recipe's sizes, timed in fp32 and in bf16, measured once a machine and cached; measured here
 where it is not cached yet), takes the precision `auto` chooses from it, and gives each
 model's minutes: train.max_updates x the calibrated update (its median; scaled to the
@@ -25,13 +25,9 @@ from nmt.core.runtime import device_name
 from nmt.models import MODELS
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
-from nmt.training.precision import (
-    SENTENCE_TOKENS,
-    Workload,
-    batch_sentences,
-    calibration,
-    choose,
-)
+from nmt.training.precision import choose
+from nmt.training.precision_cache import calibration
+from nmt.training.precision_timing import SENTENCE_TOKENS, Workload, batch_sentences
 
 log = logging.getLogger("nmt.estimate")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.core.checkpoint import check_vocab, load
+from nmt.core.checkpoint import load_trained
 from nmt.core.codecs import BOS_ID, EOS_ID, load_codecs
 from nmt.core.decoding import MAX_BEAM, DecodeConfig, translate_batches
 from nmt.core.engine import (
@@ -234,12 +234,10 @@ def torch_translator(args, params: dict) -> Translator:
     # A run's best.pt must hold what its recipe in params.yaml trains; a file named with
     # --checkpoint is taken as it is.
     settings = resolve(params, run.recipe) if run and run.recipe in params["recipes"] else None
-    model, ckpt = load(path, pick_device(args.device), expect=run, settings=settings)
-    vocab_dir = Path(args.vocab) / ckpt["recipe"]
-    src_codec, tgt_codec = load_codecs(vocab_dir)
-    check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)
-    return Translator(str(path), ckpt["recipe"], src_codec, tgt_codec,
-                      ckpt["model_config"]["max_len"],
+    trained = load_trained(path, lambda recipe: Path(args.vocab) / recipe,
+                           pick_device(args.device), expect=run, settings=settings)
+    model = trained.model
+    return Translator(str(path), trained.checkpoint["recipe"], *trained.codecs, trained.max_len,
                       lambda todo, dc: translate_batches(model, todo, dc, progress=False), model)
 
 

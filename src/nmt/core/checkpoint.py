@@ -1,7 +1,9 @@
 """Self-describing checkpoints: the weights plus everything needed to rebuild the model.
 
 A file that is damaged, foreign, of another run or of another vocabulary is refused with one
-NmtError line, never a traceback from the unpickler.
+NmtError line, never a traceback from the unpickler. `load_trained` opens a trained run as
+evaluate, export, translate and the decoding bench use it: its model, the vocabulary it was
+trained with (checked against the checkpoint) and the checkpoint's record.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import io
 import json
 import pickle
 import zipfile
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from nmt.core.codecs import load_codecs
 from nmt.core.errors import NmtError
 from nmt.core.files import atomic_path, failed_crc
 from nmt.core.runs import Run
@@ -239,3 +243,40 @@ def check_vocab(ckpt: dict, src_codec, tgt_codec, vocab_dir: Path) -> None:
         raise NmtError(f"{vocab_dir} has the checkpoint's sizes but not its tokens (its files "
                        "changed since training) (fix: re-run `nmt train` after changing the "
                        "vocabulary, or point --vocab at the one it was trained with)")
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """A trained run, opened for use: its model and the vocabulary it was trained with."""
+
+    model: torch.nn.Module  # in eval mode, on the device asked for
+    checkpoint: dict  # what the file records: model, recipe, model_config, params, seed, ...
+    src_codec: object  # source text <-> ids (nmt.core.codecs)
+    tgt_codec: object  # target ids <-> text
+
+    @property
+    def codecs(self) -> tuple:
+        return self.src_codec, self.tgt_codec
+
+    @property
+    def config(self) -> ModelConfig:
+        return ModelConfig.from_dict(self.checkpoint["model_config"])
+
+    @property
+    def max_len(self) -> int:
+        """The model's positions: inputs are cut to it, outputs to one fewer."""
+        return self.checkpoint["model_config"]["max_len"]
+
+
+def load_trained(path: Path, vocab: Path | Callable[[str], Path],
+                 device: torch.device | str = "cpu", expect: Run | None = None,
+                 settings: dict | None = None) -> TrainedRun:
+    """The run whose checkpoint is at `path` (`load`, with `expect` and `settings` as it takes
+    them), and its codecs from `vocab`: the vocabulary folder, or a function from the
+    checkpoint's recipe to it (where only the file says whose run it is). The vocabulary must
+    be the one the checkpoint was trained with (check_vocab)."""
+    model, ckpt = load(path, device, expect=expect, settings=settings)
+    vocab_dir = Path(vocab(ckpt["recipe"]) if callable(vocab) else vocab)
+    src_codec, tgt_codec = load_codecs(vocab_dir)
+    check_vocab(ckpt, src_codec, tgt_codec, vocab_dir)
+    return TrainedRun(model, ckpt, src_codec, tgt_codec)

@@ -15,7 +15,8 @@ import yaml
 
 from nmt.core.errors import NmtError
 from nmt.models.registry import MODELS, entry, exportable, names
-from nmt.pipeline.corpus import CORPUS_SECTIONS, check_corpus
+from nmt.pipeline.corpora.kinds import kind_of
+from nmt.pipeline.corpus import CORPUS_SECTIONS
 from nmt.pipeline.recipes import resolve
 
 SCHEMA_PATH = Path("workflow/schemas/params.schema.yaml")
@@ -267,7 +268,7 @@ def check_recipe(params: dict, name: str) -> None:
     if model["tie_embeddings"] and r["vocab"]["kind"] != "bpe":
         raise NmtError(f"params.yaml: {at('model')}: tie_embeddings needs one shared vocabulary "
                        "(fix: set vocab.kind: bpe or tie_embeddings: false)")
-    check_corpus(r["data"], f"recipes.{name}.data" if "data" in overridden else "data")
+    kind_of(r["data"]).check(r["data"], f"recipes.{name}.data" if "data" in overridden else "data")
     if not r["tokenize"]["words"] and r["vocab"]["kind"] == "word":
         raise NmtError(f"params.yaml: {at('vocab')}: vocab.kind word needs spaCy's word tokens, "
                        f"but {at('tokenize')}: tokenize.words is false (fix: set "

@@ -18,14 +18,9 @@ from pathlib import Path
 
 from nmt.core.errors import NmtError
 from nmt.core.files import not_a_folder
-from nmt.core.records import check_folder, read_sums
-from nmt.pipeline.corpus import (
-    PINS,
-    corpus_recipe,
-    corpus_settings,
-    local_files,
-    raw_names,
-)
+from nmt.core.records import check_folder
+from nmt.pipeline.corpora.kinds import kind_of
+from nmt.pipeline.corpus import corpus_recipe, corpus_settings
 from nmt.pipeline.params import read_yaml
 from nmt.pipeline.recipes import resolve
 
@@ -38,25 +33,13 @@ CLOCK_SLACK_S = 2.0
 
 
 def check_settings(params: dict, root: Path = Path(".")) -> None:
-    """What needs no GPU to check: the corpus's files are there (multi30k: each has its pin;
-    files: each exists), every output is writable."""
+    """What needs no GPU to check: the corpus's files are there, as its kind checks them
+    (nmt.pipeline.corpora: multi30k, each has its pin; files, each exists), every output is
+    writable."""
     data = corpus_settings(params)["data"]
     at = (f"recipes.{corpus_recipe(params)}.data"
           if "data" in params["recipes"][corpus_recipe(params)] else "data")
-    if data["corpus"] == "multi30k":
-        pinned = read_sums(root / PINS)
-        for name in raw_names(data):
-            if name not in pinned:
-                raise NmtError(f"params.yaml: {at}.testsets: {name} has no pinned sha256 in "
-                               f"{PINS} (fix: add its `sha256sum` line there, or remove the "
-                               "test set)")
-    if data["corpus"] == "files":
-        for name, path in local_files(data, root).items():
-            if not path.is_file():
-                split, lang, _ = name.split(".")
-                raise NmtError(f"params.yaml: {at}.files.{split}.{lang}: {path} does not exist "
-                               "(fix: correct the path; relative paths start at the project "
-                               "folder)")
+    kind_of(data).preflight(data, at, root)
     for folder in OUTPUT_FOLDERS:
         if (root / folder).exists() and not (root / folder).is_dir():
             raise NmtError(not_a_folder(root / folder))

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 
-from nmt.core.checkpoint import check_vocab, load
-from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID, load_codecs
+from nmt.core.checkpoint import load_trained
+from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
 from nmt.core.data import Batches, Pairs, load_pairs
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.errors import NmtError, last_outputs
@@ -35,7 +35,8 @@ from nmt.core.text import read_lines
 from nmt.core.unknowns import detokenize_outputs, source_surfaces
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
-from nmt.training.precision import Workload, choose
+from nmt.training.precision import choose
+from nmt.training.precision_timing import Workload
 
 log = logging.getLogger("nmt.evaluate")
 
@@ -150,9 +151,8 @@ def evaluate(settings: dict, paths: Paths) -> dict:
     device = pick_device(settings["train"]["device"])
     bound_gpu_memory(device)
     kernels = limit_attention_kernels()
-    model, ckpt = load(files.best, device, expect=run, settings=settings)
-    src_codec, tgt_codec = load_codecs(paths.vocab)
-    check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
+    trained = load_trained(files.best, paths.vocab, device, expect=run, settings=settings)
+    model, ckpt, (src_codec, tgt_codec) = trained.model, trained.checkpoint, trained.codecs
     choice = choose(settings["train"]["precision"], device,
                     Workload.of(settings, len(src_codec), len(tgt_codec), "decode"))
     precision = choice.precision

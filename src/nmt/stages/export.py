@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.core.checkpoint import check_vocab, load
-from nmt.core.codecs import load_codecs
+from nmt.core.checkpoint import load_trained
 from nmt.core.data import load_pairs
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.engine import Engine, max_abs_difference, model_spec, tokens_of
@@ -29,7 +28,7 @@ from nmt.core.errors import NmtError
 from nmt.core.files import atomic_dir, write_json
 from nmt.core.records import write_record
 from nmt.core.runs import Run, RunFiles
-from nmt.models import ModelConfig, registry
+from nmt.models import registry
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
 
@@ -55,11 +54,9 @@ def export(settings: dict, paths: Paths, check_pairs: int = CHECK_PAIRS) -> dict
         raise NmtError(f"{run.name}: CTranslate2 cannot express the {run.model} model's "
                        "attention: it runs encoder-decoders whose decoders attend causally "
                        f"(fix: export a run of {' or '.join(registry.exportable())})")
-    model, ckpt = load(paths.run.best, "cpu", expect=run, settings=settings)
-    src_codec, tgt_codec = load_codecs(paths.vocab)
-    check_vocab(ckpt, src_codec, tgt_codec, paths.vocab)
+    trained = load_trained(paths.run.best, paths.vocab, "cpu", expect=run, settings=settings)
+    model, (src_codec, tgt_codec), cfg = trained.model, trained.codecs, trained.config
     src_tokens, tgt_tokens = tokens_of(src_codec), tokens_of(tgt_codec)
-    cfg = ModelConfig.from_dict(ckpt["model_config"])
     spec = model_spec(run.model, model.state_dict(), cfg, src_tokens, tgt_tokens)
     spec.optimize(quantization="float32")
     pairs = load_pairs(paths.tokenized, "val", src_codec, tgt_codec, cfg.max_len)
@@ -73,7 +70,7 @@ def export(settings: dict, paths: Paths, check_pairs: int = CHECK_PAIRS) -> dict
             raise NmtError(f"{run.name}: the exported model's log-probabilities differ from "
                            f"ours by up to {check['max_abs_logprob_diff']:.2e} on "
                            f"{len(pairs)} validation pairs, over the {TOLERANCE:.0e} allowed; "
-                           "nothing was written (fix: the conversion in nmt/engine.py is "
+                           "nothing was written (fix: the conversion in nmt/core/engine.py is "
                            "wrong for this model; report it)")
         write_json(folder / "nmt.json", {
             "run": run.name, "recipe": run.recipe, "model": run.model, "seed": run.seed,

@@ -7,10 +7,10 @@ project, where neither orchestrator looks. So DVC runs this stage every time
 rewritten only when its text changes, and download depends on it: an unchanged corpus
 re-runs nothing.
 
-- multi30k: the pinned sha256 of each file (download checks what it fetches against them);
-- files: the sha256 of each file of data.files;
-- huggingface: the sha256 of each file of a local dataset folder; a Hub dataset is known by
-  data.huggingface itself (a params dependency of download).
+What the lines are is the corpus kind's to say (its `describe`, nmt.pipeline.corpora): the
+pinned sha256 of each Multi30k file, the sha256 of each file of data.files, of each file of a
+local Hugging Face dataset folder (a Hub dataset is known by data.huggingface itself, a params
+dependency of download).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import argparse
 import logging
 from pathlib import Path
 
-from nmt.core.files import sha256, write_text
-from nmt.core.records import read_sums
-from nmt.pipeline.corpus import PINS, corpus_settings, local_files, raw_names
+from nmt.core.files import write_text
+from nmt.pipeline.corpora.kinds import kind_of
+from nmt.pipeline.corpus import corpus_settings
 
 log = logging.getLogger("nmt.sources")
 
@@ -30,20 +30,7 @@ OUT = Path("params/sources.sha256")
 
 def describe(data: dict, root: Path = Path(".")) -> str:
     """The text of params/sources.sha256 for the corpus settings `data`."""
-    kind = data["corpus"]
-    lines = [f"# data.corpus: {kind}"]
-    if kind == "multi30k":
-        pinned = read_sums(Path(root) / PINS)
-        lines += [f"{pinned.get(name, 'unpinned')}  {name}" for name in raw_names(data)]
-    elif kind == "files":
-        for name, path in local_files(data, root).items():  # train.de.gz <- its file
-            lines.append(f"{sha256(path) if path.is_file() else 'missing'}  {name}  {path}")
-    else:
-        folder = Path(root) / data["huggingface"]["path"]
-        if folder.is_dir():  # a local dataset folder: its files; else a Hub id (params say it)
-            files = [f.relative_to(folder) for f in sorted(folder.rglob("*")) if f.is_file()]
-            lines += [f"{sha256(folder / f)}  {f}" for f in files
-                      if not any(part.startswith(".") for part in f.parts)]
+    lines = [f"# data.corpus: {data['corpus']}", *kind_of(data).describe(data, Path(root))]
     return "\n".join(lines) + "\n"
 
 

@@ -45,8 +45,9 @@ def command(args, params: dict) -> int | None:
         return launch(recipe["train"]["devices"], train_argv(args),
                       commandline.thread_count(args.threads) or commandline.torch_threads())
     commandline.set_threads(args.threads)
-    from nmt.training.loop import Paths, train
+    from nmt.training.loop import train
     from nmt.training.resume import Stopped
+    from nmt.training.state import Paths
 
     paths = Paths(tokenized=args.tokenized, vocab=commandline.recipe_vocab(args),
                   run=run.files(args.results))

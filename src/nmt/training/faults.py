@@ -12,7 +12,7 @@ The points, each one line in the code:
     start   nmt train begins, before the loop's signal handling (n = 1)   training/loop.py, train
     step    after optimizer update n of the run                           training/loop.py, fit
     valid   after the first batch of this process's n-th validation       training/loop.py
-    save    its n-th resume state written, before the rename              training/resume.py
+    save    its n-th resume state written, before the rename              training/state_writer.py
 
 Before a planted kill, `reached` runs the functions `before_kill` registered: the resume state
 writer waits for the write in flight (a thread), so that a kill after update n finds the state

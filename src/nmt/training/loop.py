@@ -8,26 +8,24 @@ update.
 
 Reading order: `train` (what stage train calls), `fit` (the loop, on one screen), then its
 steps in the order they run: `setup`, `resume_or_start`, the update (nmt.training.step),
-`end_epoch` (with `validation_loss`), `save_state` (a thread writes it while training goes
-on), `finish` (averaging the last epochs; nmt.training.outputs writes the outputs). `Trainer`
-is what a run trains with, `Progress` where it stands, `Paths` where it reads and writes.
-Beside the loop: the train: settings (config), the epoch's running numbers and progress bar
-(meter), the run folder's room, lock and set-aside outputs (folder), several processes
-(train.devices, torchrun: distributed) and the resume state's format and writer (resume).
+`end_epoch` (with `validation_loss`), resume.save (a thread writes the state while training
+goes on), `finish` (averaging the last epochs; nmt.training.outputs writes the outputs).
+What a run trains with (`Trainer`), where it stands (`Progress`) and where it reads and writes
+(`Paths`): nmt.training.state. Beside the loop: the train: settings (config), the epoch's
+running numbers and progress bar (meter), the run folder's room, lock and set-aside outputs
+(folder), several processes (train.devices, torchrun: distributed) and every decision about
+the resume state: whether to continue one, what it must match, reading it back, writing it
+(resume).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass, field, fields
-from functools import cached_property
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -38,7 +36,7 @@ from nmt.core.data import Batches, load_pairs
 from nmt.core.errors import NmtError
 from nmt.core.loss import corpus_loss
 from nmt.core.process import process_seconds
-from nmt.core.runs import Run, RunFiles
+from nmt.core.runs import Run
 from nmt.core.runtime import (
     bound_gpu_memory,
     limit_attention_kernels,
@@ -48,27 +46,18 @@ from nmt.core.runtime import (
 from nmt.models import ModelConfig, build_model
 from nmt.training import distributed, faults, resume
 from nmt.training.config import TrainConfig
-from nmt.training.distributed import World
 from nmt.training.folder import check_room, previous, set_aside_outputs, sole_trainer
 from nmt.training.graphs import resolve_cuda_graphs, resolve_pad_multiple
 from nmt.training.meter import EpochMeter
 from nmt.training.outputs import write_outputs
 from nmt.training.precision import Choice, choices
-from nmt.training.step import Micro, Updater, updater
+from nmt.training.state import Paths, Progress, Trainer, spent
+from nmt.training.step import Micro, updater
 
 log = logging.getLogger("nmt.train")
 
 # Wall-clock columns: they differ between two runs of identical numbers, nothing else does.
 TIMING_FIELDS = ("seconds", "tokens_per_second")
-
-
-@dataclass(frozen=True)
-class Paths:
-    """Where a run reads and writes."""
-
-    tokenized: Path  # data/tokenized
-    vocab: Path  # the recipe's vocabulary folder: data/vocab/<recipe>
-    run: RunFiles  # results/<recipe>-<model>-s<seed>/, whose name is the run's
 
 
 def average_states(states: list[dict]) -> dict:
@@ -80,131 +69,6 @@ def average_states(states: list[dict]) -> dict:
 def cpu_copy(model: torch.nn.Module) -> dict:
     """A detached CPU copy of the model's weights (best-so-far and averaging buffers)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-
-
-@dataclass(kw_only=True)
-class Trainer:
-    """What a run trains with, built once by `setup`: settings, places, data, model, optimizer."""
-
-    config: TrainConfig
-    paths: Paths
-    world: World  # this process's rank of how many (one process: 0 of 1)
-    device: torch.device
-    # train.precision on the device for "train" (an update) and "decode" (the validation
-    # BLEU, as evaluate decodes): which precision each runs in, and why (nmt.training.precision)
-    precisions: dict[str, Choice]
-    # The optimizer updates (nmt.training.step): the model, its optimizer and lr schedule, how
-    # an update runs (DDP, compiled, CUDA graphs) and what it fell back from
-    update: Updater | None  # set once the Trainer knows its updates
-    train_batches: Batches
-    valid_batches: Batches
-    valid_references: Path  # the validation split's raw target lines (for its BLEU)
-    tgt_codec: object  # ids -> detokenized target text (nmt.core.codecs), for the validation BLEU
-    # What best.pt and last.pt record besides the weights (checkpoint.save's keywords): the
-    # model's name, config and vocabulary sizes, the model and train settings, the seed, ...
-    checkpoint_meta: dict
-    resume_key: dict  # what a resume state must match (resume.config_key)
-    # The resume state setup found (None: none to continue) and why one was set aside ("")
-    # (usable_state); resume_or_start takes it up and lets it go
-    found: tuple[dict | None, str] = (None, "")
-    saved: str = ""  # where the last resume state written or found stands
-    last_save: float = field(default_factory=time.monotonic)
-    validations: int = 0  # validation passes of this process (a fault point counts them)
-    attention_kernels: str = "any"  # the kernels NMT_ATTENTION_KERNELS allows (runtime)
-    writer: resume.StateWriter = field(default_factory=resume.StateWriter)  # rank 0's writes
-    # This process's seconds outside the epochs, by phase (`spent`): start (from the process's
-    # start until the loop begins), saving (the loop's time in save_state), end (finish)
-    clock: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def precision(self) -> str:
-        """bf16 or fp32: what an update runs in."""
-        return self.precisions["train"].precision
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The weights: what is updated, validated and saved."""
-        return self.update.model
-
-    @property
-    def run(self) -> Run:
-        return Run.parse(self.paths.run.folder.name)
-
-    @property
-    def n_params(self) -> int:
-        return self.checkpoint_meta["n_params"]
-
-    def plan(self, epoch: int) -> list[tuple[list[int], bool]]:
-        """This rank's micro-batches of epoch `epoch` (1-based) as (indices, real), in order:
-        every world.size-th batch of the epoch's seeded order (distributed.shard)."""
-        return distributed.shard(self.train_batches.indices(epoch - 1), self.world)
-
-    @cached_property
-    def updates_per_epoch(self) -> int:
-        """Optimizer updates an epoch (token batches: epoch 1's count, others differ by a few)."""
-        return math.ceil(len(self.plan(1)) / self.config.accumulate)
-
-    @property
-    def total_updates(self) -> int:
-        """The run's optimizer updates: train.max_updates, else `epochs` full epochs."""
-        return self.config.max_updates or self.updates_per_epoch * self.config.epochs
-
-    @property
-    def epochs(self) -> int:
-        """The epochs the run trains (with max_updates: the last one cut short)."""
-        return math.ceil(self.total_updates / self.updates_per_epoch)
-
-    def save_due(self) -> bool:
-        minutes = self.config.save_every_minutes
-        return minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
-
-
-# Progress's fields that each rank keeps its own of (the rest is rank 0's): the epoch's sums.
-RANK_OWN = ("loss_sum", "tokens", "sums")
-
-
-@dataclass
-class Progress:
-    """Where a run stands: the loop's state, none of it in the model or optimizer (the resume
-    state holds it as a dict)."""
-
-    epoch: int = 1  # the epoch in progress (1-based)
-    batch: int = 0  # micro-batches of this epoch's plan already trained on
-    step: int = 0  # optimizer updates so far (what the lr schedule counts)
-    loss_sum: float = 0.0  # this epoch's summed training token loss so far
-    tokens: int = 0  # ... and its target tokens
-    sums: dict = field(default_factory=dict)  # ... and its updates' Updated.means, summed
-    seconds: float = 0.0  # training time spent on this epoch so far
-    valid_seconds: float = 0.0  # time spent validating, every epoch so far
-    history: list[dict] = field(default_factory=list)  # one row a finished epoch
-    best_loss: float = math.inf
-    best_epoch: int = 0  # the epoch of the best weights (0: none yet; an average: its last)
-    best_averaged: int = 0  # how many epochs' weights the best are the mean of (0: not a mean)
-    best_state: dict | None = None  # the best weights (CPU)
-    stale: int = 0  # epochs since the validation loss last improved
-    recent: list[dict] = field(default_factory=list)  # the last average_last epochs' weights
-    # Seconds by phase (wall, start, saving: `spent`) of the run's earlier processes, up to the
-    # resume state each wrote last; the work of a killed process after that state is not in it
-    earlier: dict = field(default_factory=dict)
-
-    def done(self, config: TrainConfig) -> bool:
-        """Every epoch (or max_updates update) trained, or patience ran out."""
-        out_of_patience = bool(config.patience and self.stale >= config.patience)
-        if config.max_updates:
-            return self.step >= config.max_updates or out_of_patience
-        return self.epoch > config.epochs or out_of_patience
-
-    def where(self, trainer: Trainer) -> str:
-        return f"epoch {self.epoch}, step {self.step} of {trainer.total_updates}"
-
-    @property
-    def best_name(self) -> int | str:
-        """The best weights as train.json's best_epoch names them: the epoch, or avg<N>."""
-        return f"avg{self.best_averaged}" if self.best_averaged else self.best_epoch
-
-    def next_epoch(self) -> None:
-        self.epoch, self.batch, self.loss_sum, self.tokens, self.sums, self.seconds = (
-            self.epoch + 1, 0, 0.0, 0, {}, 0.0)
 
 
 def train(settings: dict, paths: Paths, *, restart: bool = False) -> dict:
@@ -255,7 +119,7 @@ def fit(trainer: Trainer, progress: Progress) -> None:
                 faults.reached("step", progress.step)
                 stop.signum, due = world.max([stop.signum, int(trainer.save_due())])  # agree
                 if stop.signum or due:
-                    save_state(trainer, meter.read(progress))
+                    resume.save(trainer, meter.read(progress))
                 if stop.signum:
                     meter.close()
                     break  # the epoch unfinished; its resume state is written
@@ -265,7 +129,7 @@ def fit(trainer: Trainer, progress: Progress) -> None:
             if not stop.signum:  # every update of the epoch (or of the budget) done
                 meter.close()
                 end_epoch(trainer, meter.read(progress))  # validation, best weights, patience
-                save_state(trainer, progress)
+                resume.save(trainer, progress)
             stop.signum = world.max([stop.signum])[0]  # ranks agree
             if stop.signum:
                 trainer.writer.wait()  # the state is on disk before the line says it is kept
@@ -306,7 +170,7 @@ def setup(settings: dict, paths: Paths, *, restart: bool = False) -> Trainer:
         "n_params": sum(p.numel() for p in model.parameters()), "seed": run.seed,
         "vocab_sha256": checkpoint.vocab_fingerprint(paths.vocab)}
     resume_key = resume.config_key(settings, run.name, run.seed, paths.vocab, world.size)
-    found = usable_state(paths.run.resume, resume_key, restart)
+    found = resume.usable_state(paths.run.resume, resume_key, restart)
     trainer = Trainer(
         config=config, paths=paths, world=world, device=device,
         precisions=run_precisions(settings, device, vocab_sizes, found[0]), update=None,
@@ -327,14 +191,12 @@ def setup(settings: dict, paths: Paths, *, restart: bool = False) -> Trainer:
 def run_precisions(settings: dict, device: torch.device, vocab_sizes: tuple[int, int],
                    state: dict | None) -> dict[str, Choice]:
     """train.precision's choices for the run (nmt.training.precision): the ones its resume
-    state recorded at the run's start, so that a resumed run trains and decodes as it began
-    whatever the machine's measurement says now; else chosen now. Choosing may measure, which
-    draws from torch's generators: they are left as they were (fork_rng), so a run's numbers do
-    not depend on whether this machine's measurement was cached."""
-    if state is not None and "precisions" in state:
-        kept = {kind: Choice(**choice) for kind, choice in state["precisions"].items()}
-        log.info("precision kept from the run's start: training %s, decoding %s",
-                 kept["train"].precision, kept["decode"].precision)
+    state recorded at the run's start (resume.precisions), so that a resumed run trains and
+    decodes as it began whatever the machine's measurement says now; else chosen now. Choosing
+    may measure, which draws from torch's generators: they are left as they were (fork_rng), so
+    a run's numbers do not depend on whether this machine's measurement was cached."""
+    kept = resume.precisions(state)
+    if kept is not None:
         return kept
     with torch.random.fork_rng(devices=[]):
         return choices(settings, device, *vocab_sizes)
@@ -367,42 +229,7 @@ def resume_or_start(trainer: Trainer) -> Progress:
         set_aside_outputs(files)  # an earlier run's outputs do not describe this one
         if why:
             resume.set_aside(files.resume, why)
-    if state is None:
-        return Progress()
-    update = trainer.update
-    update.model.load_state_dict(state["model"])
-    update.optimizer.load_state_dict(state["optimizer"])
-    if update.graphs is not None:  # the loaded lr (a number, or a tensor read to the CPU)
-        for group in update.optimizer.param_groups:  # back on the device, for the graphs
-            group["lr"] = torch.tensor(float(group["lr"]), device=trainer.device)
-    update.scheduler.load_state_dict(state["scheduler"])
-    mine = state["ranks"][world.rank]
-    resume.set_rng_state(mine["rng"], trainer.device)
-    progress = Progress(**{**state["progress"], **{k: mine[k] for k in RANK_OWN}})
-    began_with = state.get("attention_kernels", trainer.attention_kernels)
-    if began_with != trainer.attention_kernels:  # kept as they are now: a route excludes a
-        log.warning("attention kernels: the run began with %s and goes on with %s (train.json "
-                    "records both)", began_with, trainer.attention_kernels)  # wrong kernel
-        trainer.attention_kernels = (f"{began_with}, then {trainer.attention_kernels} from "
-                                     f"step {progress.step}")
-    trainer.saved = progress.where(trainer)
-    log.info("resuming from %s (batch %d of %d of the epoch), from %s", trainer.saved,
-             progress.batch, len(trainer.plan(progress.epoch)), files.resume)
-    return progress
-
-
-def usable_state(path: Path, resume_key: dict, restart: bool) -> tuple[dict | None, str]:
-    """(the resume state at `path` to continue, "") or (None, why it is set aside; "" if there
-    is none)."""
-    if not path.exists():
-        return None, ""
-    if restart:
-        return None, "--restart asks for a fresh start"
-    state, why = resume.read(path)
-    if state and state["config_hash"] != resume.config_hash(resume_key):
-        changed = resume.differences(state["config"], resume_key)
-        return None, f"it was written with other settings (changed: {', '.join(changed[:4])})"
-    return state, why
+    return Progress() if state is None else resume.restore(trainer, state)
 
 
 @contextlib.contextmanager
@@ -482,41 +309,6 @@ def epoch_row(trainer: Trainer, progress: Progress, valid_loss: float) -> dict:
     log.info("epoch %d: train %.4f valid %.4f (%.1f s, %s tok/s)", progress.epoch, train_loss,
              valid_loss, progress.seconds, f"{row['tokens_per_second']:,}")
     return row
-
-
-def save_state(trainer: Trainer, progress: Progress) -> None:
-    """Start writing the resume state (rank 0): all it takes to continue exactly where the run
-    stands, as CPU copies taken now (resume.snapshot), written by a thread while training goes
-    on (resume.StateWriter; the loop waits for it before it says a stopped run kept it)."""
-    began, update = time.perf_counter(), trainer.update
-    ranks = trainer.world.gather({"rng": resume.rng_state(trainer.device),
-                                  **{k: getattr(progress, k) for k in RANK_OWN}})
-    if trainer.world.main:
-        # Progress's lists and dicts are copied; the weights they hold (best_state, recent)
-        # are CPU copies that are replaced, never changed in place, so they are shared
-        now = {f.name: copy.copy(getattr(progress, f.name)) for f in fields(Progress)}
-        now["earlier"] = spent(trainer, progress)  # what a resumed run adds its own time to
-        trainer.writer.submit(trainer.paths.run.resume, {
-            "format": resume.FORMAT, "config": trainer.resume_key,
-            "config_hash": resume.config_hash(trainer.resume_key),
-            # what the run took from the machine at its start, which a resumed run keeps
-            "precisions": {kind: asdict(choice) for kind, choice in trainer.precisions.items()},
-            "attention_kernels": trainer.attention_kernels, **resume.snapshot({
-                "model": update.model.state_dict(), "optimizer": update.optimizer.state_dict(),
-                "scheduler": update.scheduler.state_dict(), "ranks": ranks}),
-            "progress": now})
-    trainer.saved, trainer.last_save = progress.where(trainer), time.monotonic()
-    trainer.clock["saving"] = trainer.clock.get("saving", 0.0) + time.perf_counter() - began
-
-
-def spent(trainer: Trainer, progress: Progress) -> dict[str, float]:
-    """Seconds by phase over the run's processes so far (the earlier ones' and this one's):
-    wall (from each process's start), start (until the loop began), saving (the loop's time in
-    save_state: the snapshot, and waiting for the write before it), end (finish, up to the
-    summary). The epochs' and the validation passes' own seconds are in Progress."""
-    now = {**trainer.clock, "wall": process_seconds()}
-    return {phase: progress.earlier.get(phase, 0.0) + now.get(phase, 0.0)
-            for phase in sorted(now.keys() | progress.earlier.keys())}
 
 
 def kept(trainer: Trainer) -> str:

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
+from nmt.training.state import Progress, Trainer
 from nmt.training.step import Updated
-
-if TYPE_CHECKING:
-    from nmt.training.loop import Progress, Trainer
 
 log = logging.getLogger("nmt.train")
 

@@ -8,7 +8,6 @@ import io
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,9 +16,7 @@ from nmt.core.errors import last_outputs
 from nmt.core.files import write_json, write_text
 from nmt.core.runtime import autocast, cpu_features, device_name, peak_memory
 from nmt.training.precision import recorded
-
-if TYPE_CHECKING:
-    from nmt.training.loop import Progress, Trainer
+from nmt.training.state import Progress, Trainer
 
 log = logging.getLogger("nmt.train")
 
@@ -27,7 +24,7 @@ log = logging.getLogger("nmt.train")
 def write_outputs(trainer: Trainer, progress: Progress, averaged: float | None,
                   spent: Callable[[], dict]) -> dict:
     """Write last.pt, best.pt, history.csv and train.json (last: it marks a finished run).
-    `spent()`: the run's seconds by phase so far (loop.spent), read once the summary's valid
+    `spent()`: the run's seconds by phase so far (state.spent), read once the summary's valid
     BLEU is decoded."""
     files, last, meta = trainer.paths.run, progress.history[-1], trainer.checkpoint_meta
     checkpoint.save(files.last, trainer.model, **meta, epoch=last["epoch"],
@@ -71,7 +68,7 @@ def where_time_went(progress: Progress, phases: dict[str, float]) -> dict[str, f
     """The run's wall time (every process of it, from each one's start) beside the sum of its
     epochs (the updates, history.csv's seconds), and what else it went on: the validation
     passes, each process's start (interpreter, imports, data, model, resume state read),
-    saving (the loop's own time in save_state), the end (the averaged weights' validation,
+    saving (the loop's own time in resume.save), the end (the averaged weights' validation,
     last.pt, the greedy valid BLEU) and the rest (logging, best.pt and this file; a killed
     process's work after its last resume state)."""
     named = {"epochs": sum(row["seconds"] for row in progress.history),

@@ -1,15 +1,15 @@
-"""Interrupted training: the resume state <run_dir>/resume.pt (nmt.core.runs.RunFiles.resume), and
-stopping on a signal.
+"""Interrupted training: the resume state <run_dir>/resume.pt (nmt.core.runs.RunFiles.resume),
+every decision about it, and stopping on a signal.
 
 Not a declared output of any stage (git and DVC ignore it); written atomically at the end of
 every epoch and, with train.save_every_minutes, within one; removed when the stage completes.
 Plain types and tensors only, so `torch.load(..., weights_only=True)` reads it.
 
-Written off the training's critical path (`StateWriter`): the loop hands over a snapshot (CPU
-copies of everything a later update changes in place, `snapshot`) and goes on training while a
-thread serializes it and writes it (a published-size state is about 1 GB: 6-8 s to write on
-a CI machine's disk, every epoch). One write is in flight at a time; a stop (a signal) writes
-its state and waits for it, and so does the end of the run before it removes the state.
+Reading order: what a state must match to be continued (`config_key`), whether a run
+continues the one it finds (`usable_state`: readable, this FORMAT, the same settings; else it
+is set aside as resume.pt.stale), what a continued run keeps of its start (`precisions`) and
+reads back (`restore`), and how the loop's state becomes one (`save`; a thread writes it while
+training goes on: nmt.training.state_writer).
 
 Format (a dict):
     format          FORMAT (an int; another value is set aside like a changed configuration)
@@ -20,11 +20,11 @@ Format (a dict):
     model, optimizer, scheduler    their state_dicts
     ranks           one dict a process (rank order): rng {torch (CPU), cuda (or None),
                     python (`random`)}, loss_sum, tokens and sums (of the updates' numbers:
-                    grad_norm, ...) of the epoch so far on that rank (loop.RANK_OWN)
-    progress        nmt.training.loop.Progress as a dict (rank 0's): epoch, batch (position in
+                    grad_norm, ...) of the epoch so far on that rank (state.RANK_OWN)
+    progress        nmt.training.state.Progress as a dict (rank 0's): epoch, batch (position in
                     the epoch's micro-batch plan of each rank), step (optimizer updates),
                     loss_sum, tokens, sums, seconds, history, best_loss, best_epoch, best_averaged,
-                    best_state, stale, recent (the averaging buffer)
+                    best_state, stale, recent (the averaging buffer), earlier (seconds by phase)
 The batch order itself is not stored: it follows from (seed, epoch) (nmt.core.data.Batches).
 
 SIGINT/SIGTERM (`StopSignals`) let the current step finish; the loop then writes the state,
@@ -33,6 +33,7 @@ waits for it, and raises `Stopped` (exit 130/143).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -42,15 +43,16 @@ import signal
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Iterable
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
 
 from nmt.core import files
-from nmt.core.files import atomic_path
-from nmt.training import faults
+from nmt.training.precision import Choice
+from nmt.training.state import RANK_OWN, Progress, Trainer, spent
+from nmt.training.state_writer import snapshot
 
 log = logging.getLogger("nmt.train")
 
@@ -86,6 +88,86 @@ def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def usable_state(path: Path, resume_key: dict, restart: bool) -> tuple[dict | None, str]:
+    """(the resume state at `path` to continue, "") or (None, why it is set aside; "" if there
+    is none)."""
+    if not path.exists():
+        return None, ""
+    if restart:
+        return None, "--restart asks for a fresh start"
+    state, why = read(path)
+    if state and state["config_hash"] != config_hash(resume_key):
+        changed = differences(state["config"], resume_key)
+        return None, f"it was written with other settings (changed: {', '.join(changed[:4])})"
+    return state, why
+
+
+def read(path: Path) -> tuple[dict | None, str]:
+    """(state, "") or (None, why it cannot be used)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file: any unpickling error means unusable
+        return None, f"it is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
+    bad = files.failed_crc(path)
+    if bad is not None:
+        return None, f"its member {bad} fails the CRC-32 check its archive recorded"
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        return None, f"it is not a format-{FORMAT} resume state"
+    return state, ""
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename a state that cannot be continued to resume.pt.stale; training starts fresh."""
+    stale = path.with_name(path.name + ".stale")
+    os.replace(path, stale)
+    log.warning("set aside %s as %s: %s; training starts fresh", path, stale.name, why)
+    return stale
+
+
+def remove_temporaries(paths: Iterable[Path]) -> None:
+    """Delete the temporary files killed writes of `paths` left (atomic_path's .<name>.*.tmp)."""
+    for path in paths:
+        files.remove_temporaries(path)
+
+
+def precisions(state: dict | None) -> dict[str, Choice] | None:
+    """The precision choices a resume state recorded at its run's start, which the resumed run
+    keeps, so that it trains and decodes as it began whatever the machine's measurement says
+    now; None where there is no state to continue (or it recorded none)."""
+    if state is None or "precisions" not in state:
+        return None
+    kept = {kind: Choice(**choice) for kind, choice in state["precisions"].items()}
+    log.info("precision kept from the run's start: training %s, decoding %s",
+             kept["train"].precision, kept["decode"].precision)
+    return kept
+
+
+def restore(trainer: Trainer, state: dict) -> Progress:
+    """The Progress a resume state holds, read back with the weights, the optimizer, the lr
+    schedule and this rank's random generators as they were when it was written."""
+    files, world = trainer.paths.run, trainer.world
+    update = trainer.update
+    update.model.load_state_dict(state["model"])
+    update.optimizer.load_state_dict(state["optimizer"])
+    if update.graphs is not None:  # the loaded lr (a number, or a tensor read to the CPU)
+        for group in update.optimizer.param_groups:  # back on the device, for the graphs
+            group["lr"] = torch.tensor(float(group["lr"]), device=trainer.device)
+    update.scheduler.load_state_dict(state["scheduler"])
+    mine = state["ranks"][world.rank]
+    set_rng_state(mine["rng"], trainer.device)
+    progress = Progress(**{**state["progress"], **{k: mine[k] for k in RANK_OWN}})
+    began_with = state.get("attention_kernels", trainer.attention_kernels)
+    if began_with != trainer.attention_kernels:  # kept as they are now: a route excludes a
+        log.warning("attention kernels: the run began with %s and goes on with %s (train.json "
+                    "records both)", began_with, trainer.attention_kernels)  # wrong kernel
+        trainer.attention_kernels = (f"{began_with}, then {trainer.attention_kernels} from "
+                                     f"step {progress.step}")
+    trainer.saved = progress.where(trainer)
+    log.info("resuming from %s (batch %d of %d of the epoch), from %s", trainer.saved,
+             progress.batch, len(trainer.plan(progress.epoch)), files.resume)
+    return progress
+
+
 def rng_state(device: torch.device) -> dict:
     """Every generator training draws from: torch CPU (dropout on CPU), CUDA, Python's."""
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
@@ -98,6 +180,32 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
+
+
+def save(trainer: Trainer, progress: Progress) -> None:
+    """Start writing the resume state (rank 0): all it takes to continue exactly where the run
+    stands, as CPU copies taken now (state_writer.snapshot), written by a thread while training
+    goes on (state_writer.StateWriter; the loop waits for it before it says a stopped run kept
+    it)."""
+    began, update = time.perf_counter(), trainer.update
+    ranks = trainer.world.gather({"rng": rng_state(trainer.device),
+                                  **{k: getattr(progress, k) for k in RANK_OWN}})
+    if trainer.world.main:
+        # Progress's lists and dicts are copied; the weights they hold (best_state, recent)
+        # are CPU copies that are replaced, never changed in place, so they are shared
+        now = {f.name: copy.copy(getattr(progress, f.name)) for f in fields(Progress)}
+        now["earlier"] = spent(trainer, progress)  # what a resumed run adds its own time to
+        trainer.writer.submit(trainer.paths.run.resume, {
+            "format": FORMAT, "config": trainer.resume_key,
+            "config_hash": config_hash(trainer.resume_key),
+            # what the run took from the machine at its start, which a resumed run keeps
+            "precisions": {kind: asdict(choice) for kind, choice in trainer.precisions.items()},
+            "attention_kernels": trainer.attention_kernels, **snapshot({
+                "model": update.model.state_dict(), "optimizer": update.optimizer.state_dict(),
+                "scheduler": update.scheduler.state_dict(), "ranks": ranks}),
+            "progress": now})
+    trainer.saved, trainer.last_save = progress.where(trainer), time.monotonic()
+    trainer.clock["saving"] = trainer.clock.get("saving", 0.0) + time.perf_counter() - began
 
 
 class Stopped(Exception):
@@ -140,113 +248,3 @@ class StopSignals:
 
 def threading_main() -> bool:
     return threading.current_thread() is threading.main_thread()
-
-
-_writes = 0  # resume states this process began to write (a fault point counts them)
-
-
-def write(path: Path, state: dict) -> None:
-    """Serialize `state` straight into a temporary file, then rename it onto `path` (same
-    state, same bytes). A kill at any instant leaves the old state or the new one whole."""
-    global _writes
-    _writes += 1
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        faults.reached("save", _writes)  # a kill here: a whole temporary file, not yet renamed
-        os.fsync(f.fileno())  # on disk before the rename: a power cut keeps one whole state
-
-
-def snapshot(value):
-    """`value` with every tensor in it copied to the CPU (dicts, lists and tuples rebuilt; other
-    values shared): what a resume state holds at this instant, however the weights, the
-    optimizer's moments and its lr go on changing in place while a thread writes it."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {key: snapshot(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(item) for item in value)
-    return value
-
-
-class StateWriter:
-    """Writes resume states in a background thread, one at a time, in the order given.
-
-    `submit` waits for the write in flight (so at most one snapshot waits in memory beside the
-    one being written), then starts this one and returns. `wait` returns once nothing is in
-    flight and raises, in the caller's thread, what a write failed with (a full disk: DiskFull's
-    one line). A planted kill (nmt.training.faults) waits for the write in flight first, so the
-    state a test expects is on disk; the kill *during* a write is the `save` point's."""
-
-    def __init__(self):
-        self.thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-        self.seconds_waited = 0.0  # the training's time spent waiting for a write to end
-        _writers.add(self)
-
-    def submit(self, path: Path, state: dict) -> None:
-        self.wait()
-        self.thread = threading.Thread(target=self._write, args=(path, state),
-                                       name="resume-state-writer")
-        self.thread.start()
-
-    def _write(self, path: Path, state: dict) -> None:
-        try:
-            write(path, state)
-        except BaseException as error:  # noqa: BLE001 - handed to the training's thread
-            self.error = error
-
-    def wait(self) -> None:
-        if self.thread is not None and self.thread is not threading.current_thread():
-            started = time.perf_counter()
-            self.thread.join()
-            self.seconds_waited += time.perf_counter() - started
-            self.thread = None
-        error, self.error = self.error, None
-        if error is not None:
-            raise error
-
-    def wait_quietly(self) -> None:
-        """wait(), a failed write left for `wait` to raise (a planted kill comes next)."""
-        if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join()
-
-
-_writers: weakref.WeakSet[StateWriter] = weakref.WeakSet()  # this process's, for the kill hook
-
-
-def _settle() -> None:
-    for writer in list(_writers):
-        writer.wait_quietly()
-
-
-faults.before_kill(_settle)
-
-
-def read(path: Path) -> tuple[dict | None, str]:
-    """(state, "") or (None, why it cannot be used)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated or foreign file: any unpickling error means unusable
-        return None, f"it is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
-    bad = files.failed_crc(path)
-    if bad is not None:
-        return None, f"its member {bad} fails the CRC-32 check its archive recorded"
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        return None, f"it is not a format-{FORMAT} resume state"
-    return state, ""
-
-
-def set_aside(path: Path, why: str) -> Path:
-    """Rename a state that cannot be continued to resume.pt.stale; training starts fresh."""
-    stale = path.with_name(path.name + ".stale")
-    os.replace(path, stale)
-    log.warning("set aside %s as %s: %s; training starts fresh", path, stale.name, why)
-    return stale
-
-
-def remove_temporaries(paths: Iterable[Path]) -> None:
-    """Delete the temporary files killed writes of `paths` left (atomic_path's .<name>.*.tmp)."""
-    for path in paths:
-        files.remove_temporaries(path)

@@ -234,7 +234,7 @@ def compiled(model: torch.nn.Module, backend: str = "inductor") -> torch.nn.Modu
     one graph for every batch shape. Duck shaping is off: it gives two sizes that happen to
     be equal in the first batch (32 sentences of 32 tokens) one symbol, and the first batch
     where they differ recompiles. Dynamo's caches and counters are cleared first, so
-    loop.machine_report counts this run's compiles."""
+    outputs.machine_report counts this run's compiles."""
     import torch.fx.experimental._config as shape_config
     from torch._dynamo.utils import compilation_time_metrics, counters
 

@@ -1,0 +1,52 @@
+"""The stage contract: workflow/stages.yaml, the one declaration of every stage, and the files
+rendered from it.
+
+`nmt stages --write` renders both orchestrators' files from it (`rendered`): dvc.yaml
+(`render_dvc`) and Snakemake's rules, workflow/rules/stages.smk (`render_snakemake`); `nmt
+stages --check` and a test fail when either is stale. The tests compare what each stage really
+reads and runs against it (see the file's header). One idea a module, each importing only the
+ones before it:
+
+    code       the code a stage runs, derived from the imports (`stage_code`, `shared_code`;
+               `imports`, the parser tests/test_layout.py uses too)
+    declared   the declaration read into `Stage`s (`load`) and checked: every refusal is here
+    dvc        dvc.yaml
+    snakemake  the rules, and `declared_values`, which they call at run time (rules/common.smk)
+
+Here are the names other modules, the rules and the tests import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nmt.pipeline.declaration.code import imports, module_name, shared_code, stage_code
+from nmt.pipeline.declaration.declared import (
+    CODE,
+    DECLARATION,
+    DIMENSIONS,
+    KIND_SETTINGS,
+    PLACEHOLDER,
+    Stage,
+    load,
+    lookup,
+)
+from nmt.pipeline.declaration.dvc import render_dvc
+from nmt.pipeline.declaration.snakemake import (
+    SNAKEMAKE_RULES,
+    declared_values,
+    input_templates,
+    render_snakemake,
+    smk_rule,
+)
+
+__all__ = ["CODE", "DECLARATION", "DIMENSIONS", "KIND_SETTINGS", "PLACEHOLDER",
+           "SNAKEMAKE_RULES", "Stage",
+           "declared_values", "imports", "input_templates", "load", "lookup", "module_name",
+           "render_dvc", "render_snakemake", "rendered", "shared_code", "smk_rule",
+           "stage_code"]
+
+
+def rendered(path: Path = DECLARATION) -> dict[Path, str]:
+    """Every file rendered from the declaration (`nmt stages --write`), by its path."""
+    return {Path("dvc.yaml"): render_dvc(path), SNAKEMAKE_RULES: render_snakemake(path)}

@@ -1,0 +1,67 @@
+"""dvc.yaml rendered from the declared stages: one DVC stage each, a matrix over its per
+dimensions, its code as dependencies (a unit's folder, which DVC hashes whole)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from nmt.pipeline.declaration.declared import DECLARATION, DIMENSIONS, Stage, load
+
+
+def dvc_text(text: str) -> str:
+    """{recipe} -> ${item.recipe}, {bench} -> ${bench.recipe}, {corpus} ->
+    ${pipeline.recipes[0]}: DVC's templating."""
+    for d in DIMENSIONS:
+        text = text.replace("{" + d + "}", "${item." + d + "}")
+    return text.replace("{bench}", "${bench.recipe}").replace("{corpus}",
+                                                              "${pipeline.recipes[0]}")
+
+
+def dvc_stage(s: Stage) -> dict:
+    """One stage of dvc.yaml."""
+    out: dict = {}
+    if s.per:
+        out["matrix"] = {d: f"${{{s.list_key(d)}}}" for d in s.per}
+    out["cmd"] = dvc_text(s.cmd).replace("{threads}", str(s.threads))
+    if s.gpu_mem_mb is not None:  # DVC has no resources: the declared bound (the variable)
+        out["cmd"] = out["cmd"].replace("{gpu_mem_mb}", str(s.gpu_mem_mb))
+    out["deps"] = s.code_paths() + [dvc_text(d) for d in s.deps]
+    params = [{"params.yaml": None} if k == "params.yaml" else k for k in s.params]
+    if s.recipe_params:
+        params.append({dvc_text("params/{recipe}.yaml"): s.recipe_params})
+    if s.bench_params:
+        params.append({dvc_text("params/{bench}.yaml"): s.bench_params})
+    if s.corpus_params:
+        params.append({dvc_text("params/{corpus}.yaml"): s.corpus_params})
+    if params:
+        out["params"] = params
+    opts = {} if s.cache else {"cache": False}
+    out["outs"] = [{dvc_text(o): dict(opts)} if opts else dvc_text(o) for o in s.outs]
+    if s.metrics:
+        out["metrics"] = [{dvc_text(m): dict(opts)} if opts else dvc_text(m) for m in s.metrics]
+    if s.always_changed:
+        out["always_changed"] = True
+    if s.plots:
+        out["plots"] = [{dvc_text(p): {"x": "epoch", "y": "valid_loss"}} for p in s.plots]
+    return out
+
+
+HEADER = """\
+# GENERATED from workflow/stages.yaml by `nmt stages --write`: edit that file, not this one.
+# Snakemake's rules, workflow/rules/stages.smk, are rendered from the same declaration.
+"""
+
+
+# `dvc plots show` / `dvc plots diff`: the loss curves of every run on one chart each, from
+# the report's tidy reports/curves.csv, coloured by run (template .dvc/plots/by_run.json).
+PLOTS = [{f"{split} loss": {"x": "epoch", "y": {"reports/curves.csv": f"{split}_loss"},
+                            "template": "by_run"}} for split in ("valid", "train")]
+
+
+def render_dvc(path: Path = DECLARATION) -> str:
+    """dvc.yaml's text for the declaration at path."""
+    stages = {name: dvc_stage(s) for name, s in load(path).items()}
+    body = yaml.safe_dump({"stages": stages, "plots": PLOTS}, sort_keys=False, width=100)
+    return HEADER + body
