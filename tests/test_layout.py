@@ -124,3 +124,62 @@ def test_the_readmes_layout_table_names_every_module():
         names += [f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()]
         missing = [n for n in sorted(names) if f"`{n}`" not in row]
         assert not missing, f"README's row for src/nmt/{layer}/ lacks {missing}"
+
+
+def import_graph(src: Path) -> dict[str, set[str]]:
+    """Every module of src/nmt -> the modules of nmt it imports (under TYPE_CHECKING and inside
+    functions too: a cycle there still ties the two files into one idea)."""
+    graph = {}
+    for path in sorted((src / "nmt").rglob("*.py")):
+        module = module_name(path, src)
+        graph[module] = {m for m in imports(path, module) if m != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: each strongly connected set of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph.get(module, ())):
+            if imported not in graph:
+                continue
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycle_at_any_level():
+    """No two modules import each other, however indirectly (issue 56: training.loop, meter
+    and outputs imported each other under TYPE_CHECKING)."""
+    assert cycles(import_graph(SRC)) == []
+
+
+def test_a_planted_cycle_is_found():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+MAX_LINES = 400  # a module a reader holds whole (issue 56)
+
+
+def test_no_module_is_longer_than_a_reader_holds():
+    long = {module_name(p, SRC): n for p in sorted((SRC / "nmt").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
