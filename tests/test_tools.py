@@ -27,6 +27,7 @@ import yaml
 from conftest import REPO, edit_params
 from nmt.core.records import write_record
 from nmt.core.runs import Run
+from nmt.models import MODELS
 from nmt.pipeline.params import load_params
 from nmt.stages import vocab
 from train_helpers import TINY_MODEL, params_file, tiny_data
@@ -114,7 +115,7 @@ def test_demo_minutes(tiny):
                                        r"timing the first 5 of each model", out, re.M).groups())
     rows = re.findall(r"^(\w+): ([\d,]+) ms an update, (-?[\d.]+) s a validation pass, "
                       r"(\w+) \(\w+\): about ([\d.]+) minutes for the whole run$", out, re.M)
-    assert [row[0] for row in rows] == ["baseline", "scratch", "decoder_only"], out
+    assert [row[0] for row in rows] == list(MODELS), out  # every model of the registry
     for _, ms, validation, precision, minutes in rows:
         ms, validation, minutes = number(ms), float(validation), float(minutes)
         assert ms > 0 and precision == "fp32"  # as the recipe pins it
@@ -189,11 +190,11 @@ def test_update_ops():
         assert re.search(rf"^recipe published \(6\+6 layers, 8 heads\), {path} path: ", out, re.M)
         rows = re.findall(r"^  (\w+) +(\d+): forward\+loss (\d+), backward (\d+), "
                           r"norm\+clip\+adam (\d+)$", out, re.M)
-        assert [row[0] for row in rows] == ["baseline", "scratch", "decoder_only"], out
+        assert [row[0] for row in rows] == list(MODELS), out  # every model of the registry
         for name, total, *phases in rows:
             assert int(total) == sum(map(int, phases)) and min(map(int, phases)) > 0
             counts[path, name] = int(total)
-    for name in ("baseline", "scratch", "decoder_only"):  # dropout's own ops on the CPU's path
+    for name in MODELS:  # dropout's own ops on the CPU's path
         assert counts["cpu", name] > counts["fused", name]
 
 
