@@ -140,6 +140,7 @@ def test_nmt_check_names_every_damaged_missing_or_unlisted_file_and_exits_1(prep
     data = tmp_path / "data"
     copy(prepared["tokenized"], data / "tokenized")
     copy(prepared["word"], data / "vocab" / "word")
+    (data / "tokenized" / ".snakemake_timestamp").touch()  # Snakemake's, in a folder output
     assert main(["check", "--root", str(tmp_path)]) == 0
     damage(data / "tokenized" / "train.en.tok")
     (data / "vocab" / "word" / "src.json").unlink()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nmt.core.dvc_cache import CachedFile, intact, stage_files
 from nmt.core.errors import NmtError
-from nmt.core.records import RECORD, check_entry, read_sums, recorded_stage
+from nmt.core.records import RECORD, TOOL_FILES, check_entry, read_sums, recorded_stage
 
 log = logging.getLogger("nmt.check")
 
@@ -51,7 +51,7 @@ def record_lines(record: Path) -> list[str]:
     the folder it does not list."""
     folder, listed = record.parent, read_sums(record)
     present = {p.relative_to(folder).as_posix() for p in folder.rglob("*")
-               if p.is_file() and p != record}
+               if p.is_file() and p != record and p.name not in TOOL_FILES}
     lines = []
     for name in sorted(present | set(listed)):
         try:

@@ -23,6 +23,9 @@ from nmt.core.errors import NmtError
 from nmt.core.files import sha256, write_text
 
 RECORD = "SHA256SUMS"
+# What the orchestrators put in a folder output besides the stage's files: Snakemake's mark of
+# when it made the folder. Neither recorded nor an unlisted file.
+TOOL_FILES = (".snakemake_timestamp",)
 STAGE = "# written by DVC stage "  # the record's first line, then the stage's name
 
 
@@ -32,7 +35,7 @@ def write_record(folder: Path, stage: str) -> None:
     DVC cache objects go (nmt.core.dvc_cache)."""
     folder = Path(folder)
     names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                   if p.is_file() and p != folder / RECORD)
+                   if p.is_file() and p != folder / RECORD and p.name not in TOOL_FILES)
     write_text(folder / RECORD, "".join([f"{STAGE}{stage}\n"] + [
         f"{sha256(folder / name)}  {name}\n" for name in names]))
     evict_damaged(stage)  # so that DVC re-adds the intact copies: the re-run repairs its cache
