@@ -12,13 +12,12 @@ every byte once: seconds at the published size (docs/faults.md).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 from pathlib import Path
 
-from nmt.core.dvc_cache import CachedFile, intact, stage_files
+from nmt.core.dvc_cache import CachedFile, intact, md5, stage_files
 from nmt.core.errors import NmtError
-from nmt.core.records import RECORD, TOOL_FILES, check_entry, read_sums, recorded_stage
+from nmt.core.records import RECORD, check_entry, covered_files, read_sums, recorded_stage
 
 log = logging.getLogger("nmt.check")
 
@@ -38,7 +37,9 @@ def command(args, params: dict) -> int:
     records = sorted(p for top in RECORDED for p in (args.root / top).rglob(RECORD))
     damaged = [line for record in records for line in record_lines(record)]
     cached = stage_files(args.root)
-    damaged += [cache_line(c, args.root) for c in cached if not intact(c)]
+    rerun_repairs = {recorded_stage(record) for record in records}
+    damaged += [cache_line(c, args.root, c.stage in rerun_repairs)
+                for c in cached if not intact(c)]
     for line in damaged:
         print(line)
     log.info(f"{len(damaged)} damaged: checked {len(records)} SHA256SUMS and the DVC cache "
@@ -50,10 +51,8 @@ def record_lines(record: Path) -> list[str]:
     """One line for each file the record lists that is missing or differs, and each file in
     the folder it does not list."""
     folder, listed = record.parent, read_sums(record)
-    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*")
-               if p.is_file() and p != record and p.name not in TOOL_FILES}
     lines = []
-    for name in sorted(present | set(listed)):
+    for name in sorted(set(covered_files(folder)) | set(listed)):
         try:
             check_entry(folder / name, listed.get(name), record)
         except NmtError as e:
@@ -61,13 +60,14 @@ def record_lines(record: Path) -> list[str]:
     return lines
 
 
-def cache_line(cached: CachedFile, root: Path) -> str:
-    """A damaged cache object and its fix: the stage re-run where the stage writes a record
-    (it removes its damaged objects, nmt.core.dvc_cache), else the object removed and the
-    intact workspace copy committed again, or the stage re-run when that copy is damaged too."""
+def cache_line(cached: CachedFile, root: Path, rerun_repairs: bool) -> str:
+    """A damaged cache object and its fix: the stage re-run where that repairs it (a stage
+    that writes a record removes its damaged objects, nmt.core.dvc_cache), else the object
+    removed and the intact workspace copy committed again, or the stage re-run when that copy
+    is damaged too."""
     rerun = f"`dvc repro -f -s {cached.stage}`"
     workspace = root / cached.path
-    if stage_records(root, cached.stage):
+    if rerun_repairs:
         fix = rerun
     elif workspace.is_file() and md5(workspace) == cached.md5:
         fix = f"`rm -f {cached.object}`, then `dvc commit -f {cached.stage}`"
@@ -76,13 +76,3 @@ def cache_line(cached: CachedFile, root: Path) -> str:
     return (f"{cached.path}: DVC's cached copy {cached.object} is damaged: its md5 is not its "
             f"name, and `dvc checkout` would restore it as it is (fix: {fix})")
 
-
-def stage_records(root: Path, stage: str) -> bool:
-    """Whether the stage writes a record (and so repairs its cache objects when re-run)."""
-    return any(recorded_stage(record) == stage
-               for top in RECORDED for record in (root / top).rglob(RECORD))
-
-
-def md5(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "md5").hexdigest()

@@ -65,8 +65,13 @@ def intact(cached: CachedFile) -> bool:
     says it is missing)."""
     if not cached.object.is_file():
         return True
-    with open(cached.object, "rb") as f:
-        return hashlib.file_digest(f, "md5").hexdigest() == cached.md5.removesuffix(".dir")
+    return md5(cached.object) == cached.md5.removesuffix(".dir")
+
+
+def md5(path: Path) -> str:
+    """The md5 of a file's bytes, DVC's name for it."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "md5").hexdigest()
 
 
 def stage_files(root: Path, stage: str | None = None) -> list[CachedFile]:

@@ -34,11 +34,16 @@ def write_record(folder: Path, stage: str) -> None:
     `stage` is the DVC stage that writes them (tokenize, vocab@published, ...). Its damaged
     DVC cache objects go (nmt.core.dvc_cache)."""
     folder = Path(folder)
-    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                   if p.is_file() and p != folder / RECORD and p.name not in TOOL_FILES)
     write_text(folder / RECORD, "".join([f"{STAGE}{stage}\n"] + [
-        f"{sha256(folder / name)}  {name}\n" for name in names]))
+        f"{sha256(folder / name)}  {name}\n" for name in covered_files(folder)]))
     evict_damaged(stage)  # so that DVC re-adds the intact copies: the re-run repairs its cache
+
+
+def covered_files(folder: Path) -> list[str]:
+    """The files under folder (sub-folders too) that its record covers, sorted: all but the
+    record itself and what the orchestrators put there (TOOL_FILES)."""
+    return sorted(p.relative_to(folder).as_posix() for p in Path(folder).rglob("*")
+                  if p.is_file() and p.name not in (RECORD, *TOOL_FILES))
 
 
 def read_sums(path: Path) -> dict[str, str]:
