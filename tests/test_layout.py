@@ -60,12 +60,8 @@ def allowed(importer: str, imported: str) -> bool:
 
 
 def violations(src: Path) -> list[str]:
-    found = []
-    for path in sorted((src / "nmt").rglob("*.py")):
-        module = module_name(path, src)
-        found += [f"{module} imports {m}" for m in sorted(imports(path, module))
-                  if not allowed(module, m)]
-    return found
+    return [f"{module} imports {m}" for module, imported in import_graph(src).items()
+            for m in sorted(imported) if not allowed(module, m)]
 
 
 def test_imports_point_down_the_layers():
