@@ -52,32 +52,32 @@ def _strip(rows: torch.Tensor) -> list[list[int]]:
     return [[i for i in row if i != PAD_ID] for row in rows.tolist()]
 
 
-@torch.inference_mode()
 def greedy(model, src: torch.Tensor, max_len) -> list[list[int]]:
     """The most probable next token at every step. max_len: int or (B,) limits."""
-    B, device = src.size(0), src.device
-    limit = torch.as_tensor(max_len, device=device).expand(B)
-    steps = int(limit.max()) + 1  # +1: the step that may only produce <eos>
-    cache = model.init_cache(model.encode(src), src)
-    sentence = torch.arange(B, device=device)  # the rows still decoded, by index in src
-    tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=device)
-    out = torch.full((B, steps), PAD_ID, dtype=torch.long, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    for t in range(steps):
-        # The argmax of the logits is that of the log-probabilities: no softmax needed.
-        logits = model.decode_step(cache, tokens)  # (B, V)
-        tokens = _constrain(logits, t >= limit).argmax(dim=-1)
-        # Finished rows feed <pad>, which attention masks out, and record nothing.
-        tokens = tokens.masked_fill(done, PAD_ID)
-        done |= tokens == EOS_ID
-        out[sentence, t] = tokens.masked_fill(done, PAD_ID)
-        if (t + 1) % CHECK_EVERY == 0 and bool(done.any()):
-            going = (~done).nonzero().squeeze(1)  # finished sentences leave the batch
-            if len(going) == 0:
-                break
-            sentence, limit, tokens, done = (x[going] for x in (sentence, limit, tokens, done))
-            cache.keep(going)
-    return _strip(out)
+    with torch.inference_mode():
+        B, device = src.size(0), src.device
+        limit = torch.as_tensor(max_len, device=device).expand(B)
+        steps = int(limit.max()) + 1  # +1: the step that may only produce <eos>
+        cache = model.init_cache(model.encode(src), src)
+        sentence = torch.arange(B, device=device)  # the rows still decoded, by index in src
+        tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=device)
+        out = torch.full((B, steps), PAD_ID, dtype=torch.long, device=device)
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        for t in range(steps):
+            # The argmax of the logits is that of the log-probabilities: no softmax needed.
+            logits = model.decode_step(cache, tokens)  # (B, V)
+            tokens = _constrain(logits, t >= limit).argmax(dim=-1)
+            # Finished rows feed <pad>, which attention masks out, and record nothing.
+            tokens = tokens.masked_fill(done, PAD_ID)
+            done |= tokens == EOS_ID
+            out[sentence, t] = tokens.masked_fill(done, PAD_ID)
+            if (t + 1) % CHECK_EVERY == 0 and bool(done.any()):
+                going = (~done).nonzero().squeeze(1)  # finished sentences leave the batch
+                if len(going) == 0:
+                    break
+                sentence, limit, tokens, done = (x[going] for x in (sentence, limit, tokens, done))
+                cache.keep(going)
+        return _strip(out)
 
 
 @dataclass
@@ -100,65 +100,65 @@ class Beams:
         return self.fin_tokens[torch.arange(len(self.sentence)), self.fin_scores.argmax(dim=1)]
 
 
-@torch.inference_mode()
 def beam_search(model, src: torch.Tensor, beam_size: int, length_penalty: float,
                 max_len) -> list[list[int]]:
     """The best finished hypothesis of a K-beam search per sentence. max_len: int or (B,)."""
-    B, K, device = src.size(0), beam_size, src.device
-    limit = torch.as_tensor(max_len, device=device).expand(B)
-    steps = int(limit.max()) + 1
-    ranks = torch.arange(2 * K, device=device)
+    with torch.inference_mode():
+        B, K, device = src.size(0), beam_size, src.device
+        limit = torch.as_tensor(max_len, device=device).expand(B)
+        steps = int(limit.max()) + 1
+        ranks = torch.arange(2 * K, device=device)
 
-    cache = model.init_cache(model.encode(src), src, beams=K)  # row b*K + i: beam i of b
-    tokens = torch.full((B * K,), BOS_ID, dtype=torch.long, device=device)
-    # Only beam 0 starts alive; the others would repeat its hypotheses.
-    scores = torch.full((B, K), -math.inf, device=device)
-    scores[:, 0] = 0.0
-    no_tokens = torch.full((B, K, steps), PAD_ID, dtype=torch.long, device=device)
-    s = Beams(torch.arange(B, device=device), limit, scores, no_tokens,
-              torch.full((B, K), -math.inf, device=device), no_tokens.clone(),
-              torch.zeros(B, dtype=torch.bool, device=device))
-    out = torch.full((B, steps), PAD_ID, dtype=torch.long, device=device)
+        cache = model.init_cache(model.encode(src), src, beams=K)  # row b*K + i: beam i of b
+        tokens = torch.full((B * K,), BOS_ID, dtype=torch.long, device=device)
+        # Only beam 0 starts alive; the others would repeat its hypotheses.
+        scores = torch.full((B, K), -math.inf, device=device)
+        scores[:, 0] = 0.0
+        no_tokens = torch.full((B, K, steps), PAD_ID, dtype=torch.long, device=device)
+        s = Beams(torch.arange(B, device=device), limit, scores, no_tokens,
+                  torch.full((B, K), -math.inf, device=device), no_tokens.clone(),
+                  torch.zeros(B, dtype=torch.bool, device=device))
+        out = torch.full((B, steps), PAD_ID, dtype=torch.long, device=device)
 
-    for t in range(steps):
-        B = len(s.sentence)
-        logp = F.log_softmax(model.decode_step(cache, tokens).float(), dim=-1)  # (B*K, V)
-        at_limit = t >= s.limit  # (B,)
-        logp = _constrain(logp, at_limit.repeat_interleave(K))
-        V = logp.size(-1)
-        cand = (s.scores[:, :, None] + logp.view(B, K, V)).view(B, K * V)
-        # 2K candidates: even if K of them end in <eos>, K remain to continue.
-        top, idx = cand.topk(2 * K, dim=1)  # (B, 2K), best first
-        beam, tok = idx // V, idx % V
-        is_eos = tok == EOS_ID
+        for t in range(steps):
+            B = len(s.sentence)
+            logp = F.log_softmax(model.decode_step(cache, tokens).float(), dim=-1)  # (B*K, V)
+            at_limit = t >= s.limit  # (B,)
+            logp = _constrain(logp, at_limit.repeat_interleave(K))
+            V = logp.size(-1)
+            cand = (s.scores[:, :, None] + logp.view(B, K, V)).view(B, K * V)
+            # 2K candidates: even if K of them end in <eos>, K remain to continue.
+            top, idx = cand.topk(2 * K, dim=1)  # (B, 2K), best first
+            beam, tok = idx // V, idx % V
+            is_eos = tok == EOS_ID
 
-        # An <eos> among the K best candidates finishes a hypothesis of t + 1 tokens.
-        ends = is_eos[:, :K] & top[:, :K].isfinite() & ~s.done[:, None]
-        normed = torch.where(ends, top[:, :K] / ((5 + t + 1) / 6) ** length_penalty, -math.inf)
-        ended = s.alive.gather(1, beam[:, :K, None].expand(B, K, steps))
-        s.fin_scores, keep = torch.cat([s.fin_scores, normed], dim=1).topk(K, dim=1)  # of 2K
-        s.fin_tokens = torch.cat([s.fin_tokens, ended], dim=1).gather(
-            1, keep[:, :, None].expand(B, K, steps))
+            # An <eos> among the K best candidates finishes a hypothesis of t + 1 tokens.
+            ends = is_eos[:, :K] & top[:, :K].isfinite() & ~s.done[:, None]
+            normed = torch.where(ends, top[:, :K] / ((5 + t + 1) / 6) ** length_penalty, -math.inf)
+            ended = s.alive.gather(1, beam[:, :K, None].expand(B, K, steps))
+            s.fin_scores, keep = torch.cat([s.fin_scores, normed], dim=1).topk(K, dim=1)  # of 2K
+            s.fin_tokens = torch.cat([s.fin_tokens, ended], dim=1).gather(
+                1, keep[:, :, None].expand(B, K, steps))
 
-        # The K best candidates that do not end go on, in score order.
-        _, pick = torch.where(is_eos, ranks + 2 * K, ranks).topk(K, dim=1, largest=False)
-        s.scores, beam, tokens = top.gather(1, pick), beam.gather(1, pick), tok.gather(1, pick)
-        s.alive = s.alive.gather(1, beam[:, :, None].expand(B, K, steps))
-        s.alive[:, :, t] = tokens
-        cache.reorder((torch.arange(B, device=device)[:, None] * K + beam).view(-1))
+            # The K best candidates that do not end go on, in score order.
+            _, pick = torch.where(is_eos, ranks + 2 * K, ranks).topk(K, dim=1, largest=False)
+            s.scores, beam, tokens = top.gather(1, pick), beam.gather(1, pick), tok.gather(1, pick)
+            s.alive = s.alive.gather(1, beam[:, :, None].expand(B, K, steps))
+            s.alive[:, :, t] = tokens
+            cache.reorder((torch.arange(B, device=device)[:, None] * K + beam).view(-1))
 
-        s.done |= (s.fin_scores.isfinite().sum(dim=1) >= K) | at_limit
-        if (t + 1) % CHECK_EVERY == 0 and bool(s.done.any()):
-            # Finished sentences leave the batch: their beams cost no more steps.
-            out[s.sentence[s.done]] = s.best()[s.done]
-            going = (~s.done).nonzero().squeeze(1)
-            if len(going) == 0:
-                return _strip(out)
-            s, tokens = s.rows(going), tokens[going]
-            cache.keep(going)
-        tokens = tokens.view(-1)
-    out[s.sentence] = s.best()
-    return _strip(out)
+            s.done |= (s.fin_scores.isfinite().sum(dim=1) >= K) | at_limit
+            if (t + 1) % CHECK_EVERY == 0 and bool(s.done.any()):
+                # Finished sentences leave the batch: their beams cost no more steps.
+                out[s.sentence[s.done]] = s.best()[s.done]
+                going = (~s.done).nonzero().squeeze(1)
+                if len(going) == 0:
+                    return _strip(out)
+                s, tokens = s.rows(going), tokens[going]
+                cache.keep(going)
+            tokens = tokens.view(-1)
+        out[s.sentence] = s.best()
+        return _strip(out)
 
 
 @dataclass(frozen=True)

@@ -32,20 +32,20 @@ def token_loss(model, src, tgt, device, label_smoothing: float = 0.0, reduction:
     return loss, (tgt_out != PAD_ID).sum()
 
 
-@torch.inference_mode()
 def corpus_loss(model, batches, device, reduce=None, precision: str = "fp32") -> float:
     """Per-token cross-entropy over (src, tgt) batches: no label smoothing, no dropout (the
     model's mode is restored after). The loss sums in float64; `reduce` (training's
     World.sum: every rank's share) combines [summed loss, tokens] before the division."""
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = torch.zeros((), dtype=torch.long, device=device)
-    for src, tgt in batches:
-        loss, n = token_loss(model, src, tgt, device, precision=precision)
-        total += loss
-        count += n
-    model.train(was_training)
-    sums = torch.stack([total, count.double()])
-    total, count = (sums if reduce is None else reduce(sums)).tolist()
-    return total / count
+    with torch.inference_mode():
+        was_training = model.training
+        model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        count = torch.zeros((), dtype=torch.long, device=device)
+        for src, tgt in batches:
+            loss, n = token_loss(model, src, tgt, device, precision=precision)
+            total += loss
+            count += n
+        model.train(was_training)
+        sums = torch.stack([total, count.double()])
+        total, count = (sums if reduce is None else reduce(sums)).tolist()
+        return total / count

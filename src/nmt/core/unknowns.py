@@ -63,19 +63,19 @@ def detokenize_outputs(model, sources: list[list[int]], surfaces: list[list[str]
                        sum(ids.count(UNK_ID) for ids in kept))
 
 
-@torch.inference_mode()
 def most_attended(model, sources: list[list[int]],
                   outputs: list[list[int]]) -> list[list[int]]:
     """For each output token, the source position (1 .. len(src) - 2: a real token, not <bos>
     or <eos>) that the last decoder layer's cross-attention, mean of heads, weighted most when
     the model produced it; one teacher-forced pass over the padded batch. Row t of the
     attention is the query that predicted out[t]; padding changes no real row (verify)."""
-    device = next(model.parameters()).device
-    src = pad(sources).to(device)
-    tgt_in = pad([[BOS_ID, *out] for out in outputs]).to(device)
-    weights = model.attention_maps(src, tgt_in)["decoder_cross"][-1].float().mean(1)  # (B,T,S)
-    return [(w[: len(out), 1: len(s) - 1].argmax(dim=1) + 1).tolist()
-            for w, s, out in zip(weights, sources, outputs, strict=True)]
+    with torch.inference_mode():
+        device = next(model.parameters()).device
+        src = pad(sources).to(device)
+        tgt_in = pad([[BOS_ID, *out] for out in outputs]).to(device)
+        weights = model.attention_maps(src, tgt_in)["decoder_cross"][-1].float().mean(1)  # (B,T,S)
+        return [(w[: len(out), 1: len(s) - 1].argmax(dim=1) + 1).tolist()
+                for w, s, out in zip(weights, sources, outputs, strict=True)]
 
 
 def source_surfaces(tokenized_dir: Path, split: str, src_codec) -> list[list[str]]:
