@@ -10,7 +10,7 @@ ifneq ($(wildcard $(MIRROR)/SHA256SUMS),)
 export MULTI30K_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: setup test test-fast coverage reproduce demo demo-search smoke bench-data lint lock clean gpu-bundle
+.PHONY: setup test test-fast coverage mutate reproduce demo demo-search smoke bench-data lint lock clean gpu-bundle
 
 setup: $(VENV)/.installed  ## create .venv with the pinned dependencies (torch==2.13.0 included)
 
@@ -39,6 +39,14 @@ test-fast: setup  ## every test but the end-to-end runs of the orchestrators: th
 # of the repository included (coverage's subprocess patch; pyproject.toml [tool.coverage]).
 coverage: setup  ## the whole test suite, with the line coverage of each module of src/nmt
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --cov --cov-report=term
+
+# Mutation testing (tools/mutate.py; mutmut, configured in pyproject.toml): mutants of the
+# models and the numeric core, each run against the tests that call its function; writes
+# docs/mutation.md. Long (docs/testing.md gives the minutes), so not part of make test or CI.
+# MODULE=src/nmt/core/stats.py: that module's mutants only.
+MODULE ?=
+mutate: setup  ## mutation testing of models/ and the numeric core: docs/mutation.md (MODULE=path: one)
+	$(BIN)/python tools/mutate.py $(if $(MODULE),--module $(MODULE))
 
 check-data: setup  ## every SHA256SUMS and DVC cache object against the bytes: one line a damaged file (`nmt check`)
 	$(BIN)/nmt check

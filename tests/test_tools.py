@@ -10,6 +10,8 @@ make test-fast leaves it out).
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import importlib.util
 import json
 import os
@@ -597,3 +599,44 @@ def test_cudnn_dropout_repro_stands_alone(tmp_path):
         assert verdict == "PASS" and float(error) <= float(bound), control.stdout
     assert control.stdout.splitlines()[-1] == "PASS: math, call 1 PASS, call 2 PASS"
     assert repro("flash").returncode == 2  # a backend it does not know: the usage line
+
+
+def load_mutate():
+    spec = importlib.util.spec_from_file_location("mutate", REPO / "tools/mutate.py")
+    module = sys.modules["mutate"] = importlib.util.module_from_spec(spec)  # for @dataclass
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mutate_places_a_mutation_on_its_line():
+    """tools/mutate.py reads mutmut's diff of a function (counted from its `def`) into the
+    mutated line's distance from the `def` and the text before and after."""
+    mutate = load_mutate()
+    diff = ["@@ -1,5 +1,5 @@", " def f(x):", "     y = 2", "-    return x + y", "+    return x - y",
+            "     # end"]
+    assert mutate.changed_lines(diff) == (2, "return x + y", "return x - y")
+    assert mutate.changed_lines(["@@ -3,2 +3,2 @@", "-    a,", "-    b)", "+    a)"]) == (
+        2, "a, b)", "a)")
+    mutant = mutate.Mutant("nmt.core.stats.xǁSummaryǁformat__mutmut_6", Path("src/x.py"),
+                           "survived", 51, "a", "b")
+    assert mutant.function == "nmt.core.stats.Summary.format"
+    assert dataclasses.replace(mutant, name="nmt.core.loss.x_token_loss__mutmut_2").function \
+        == "nmt.core.loss.token_loss"
+
+
+def test_every_equivalent_mutant_is_a_line_of_the_code_with_a_reason():
+    """tests/mutation_equivalent.yaml stays true to the code: each entry names a function of a
+    module make mutate mutates, its `before` is that function's text, and it says why."""
+    mutate = load_mutate()
+    modules = {".".join(p.with_suffix("").parts[1:]): p for p in mutate.mutated_paths()}
+    for entry in yaml.safe_load(mutate.EQUIVALENT.read_text()):
+        assert set(entry) == {"function", "before", "after", "why"} and entry["why"], entry
+        module = max((m for m in modules if entry["function"].startswith(m + ".")), key=len)
+        *owner, name = entry["function"][len(module) + 1:].split(".")
+        tree = ast.parse((REPO / modules[module]).read_text())
+        scope = [n for n in tree.body if isinstance(n, ast.ClassDef) and [n.name] == owner]
+        [function] = [n for n in (scope[0].body if owner else tree.body)
+                      if isinstance(n, ast.FunctionDef) and n.name == name]
+        text = " ".join(line.strip() for line in ast.get_source_segment(
+            (REPO / modules[module]).read_text(), function).splitlines())
+        assert entry["before"] in text and entry["before"] != entry["after"], entry

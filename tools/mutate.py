@@ -1,0 +1,195 @@
+"""`make mutate`: mutation testing of the models and the numeric core, and its summary.
+
+    python tools/mutate.py                                   # every module [tool.mutmut] names
+    python tools/mutate.py --module src/nmt/core/stats.py    # one module's mutants
+    python tools/mutate.py --summary                         # the summary of what has run
+
+mutmut (pinned in requirements.txt; configured in pyproject.toml's [tool.mutmut]) copies
+src/ to mutants/, writes every mutant of every function into the copy behind a switch, runs
+the selected tests once to learn which tests call which function, then runs each mutant
+against only those tests. Its results stay in mutants/ (ignored by git), so a second run
+tests only what changed. This script then writes docs/mutation.md: per module, the mutants
+killed, survived, timed out and untested, the score killed / (mutants - equivalent), and
+every survivor with its file:line and the mutation, less those that
+tests/mutation_equivalent.yaml lists as equivalent (a mutation that cannot change what the
+code does), each with its reason. docs/testing.md says how to read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SUMMARY = ROOT / "docs" / "mutation.md"
+EQUIVALENT = ROOT / "tests" / "mutation_equivalent.yaml"
+# mutmut's verdicts, by the exit code of the tests a mutant ran (mutmut.stats): 1 and 3 are a
+# failed test, 0 all passed, 33 and 5 no test called the function; the rest timed out or died.
+VERDICTS = {1: "killed", 3: "killed", 0: "survived", 33: "untested", 5: "untested",
+            36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout"}
+ALIVE = ("survived", "untested")  # what a test could kill, or an equivalent mutant explain
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str  # mutmut's, e.g. nmt.core.stats.x_bootstrap__mutmut_3
+    path: Path  # the source file, relative to ROOT
+    verdict: str
+    line: int  # of the first line the mutation changes, in the source file
+    before: str  # the changed lines, stripped and joined
+    after: str
+
+    @property
+    def function(self) -> str:
+        """module.function or module.Class.method, as tests/mutation_equivalent.yaml names it."""
+        module, mangled = self.name.rsplit(".", 1)
+        key = mangled.split("__mutmut_")[0]
+        return f"{module}.{key[2:]}" if key.startswith("x_") else \
+            f"{module}.{'.'.join(key.split('ǁ')[1:])}"
+
+
+def mutated_paths() -> list[Path]:
+    """The source files pyproject.toml's [tool.mutmut] only_mutate names, in order."""
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"]
+    files = sorted(p.relative_to(ROOT) for p in (ROOT / "src").rglob("*.py"))
+    return [f for f in files if any(fnmatch(str(f), pattern) for pattern in patterns)]
+
+
+def run_mutmut(module: str | None) -> float:
+    """mutmut run, over every module or one; the minutes it took."""
+    names = []
+    if module:
+        path = Path(module)
+        if path not in mutated_paths():
+            sys.exit(f"mutate: {module} is not a module [tool.mutmut] only_mutate names "
+                     f"(pyproject.toml): {', '.join(map(str, mutated_paths()))}")
+        names = [".".join(path.relative_to("src").with_suffix("").parts) + ".*"]
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=ROOT, check=True)
+    return (time.monotonic() - start) / 60
+
+
+def mutants_of(path: Path) -> list[Mutant]:
+    """Every mutant of one source file with its verdict, from mutmut's results in mutants/."""
+    from mutmut.mutation.data import SourceFileMutationData
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    data = SourceFileMutationData(path=path)
+    data.load()
+    starts = function_starts(ROOT / path)
+    mutants = []
+    for name, code in sorted(data.exit_code_by_key.items()):
+        verdict = VERDICTS.get(code, "not run" if code is None else "timeout")
+        diff = get_diff_for_mutant(name, path=path).splitlines()[2:]  # no ---/+++ header
+        offset, before, after = changed_lines(diff)
+        key = name.rsplit(".", 1)[1].split("__mutmut_")[0]
+        mutants.append(Mutant(name, path, verdict, starts[key] + offset, before, after))
+    return mutants
+
+
+def function_starts(path: Path) -> dict[str, int]:
+    """The line of each function's `def`, by mutmut's key (x_name, xǁClassǁname)."""
+    tree = ast.parse(path.read_text())
+    starts = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            starts[f"x_{node.name}"] = node.lineno
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    starts[f"xǁ{node.name}ǁ{item.name}"] = item.lineno
+    return starts
+
+
+def changed_lines(diff: list[str]) -> tuple[int, str, str]:
+    """A function's unified diff (its lines counted from the `def`, which mutmut's diff starts
+    with) -> (the first changed line's distance from the `def`, the lines before, after)."""
+    line, first = 0, None
+    before, after = [], []
+    for text in diff:
+        if text.startswith("@@"):
+            line = int(text.split()[1].split(",")[0][1:]) - 1
+        elif text.startswith("-"):
+            first = line if first is None else first
+            before.append(text[1:].strip())
+            line += 1
+        elif text.startswith("+"):
+            first = line if first is None else first
+            after.append(text[1:].strip())
+        else:
+            line += 1
+    return first or 0, " ".join(before), " ".join(after)
+
+
+def equivalent() -> dict[tuple[str, str, str], str]:
+    """(function, before, after) -> why the mutation cannot change behaviour."""
+    entries = yaml.safe_load(EQUIVALENT.read_text()) or []
+    return {(e["function"], e["before"], e["after"]): e["why"] for e in entries}
+
+
+def summary(minutes: float | None) -> str:
+    known = equivalent()
+    rows, survivors = [], []
+    totals: Counter = Counter()
+    for path in mutated_paths():
+        mutants = mutants_of(path)
+        status = {m: "equivalent" if m.verdict in ALIVE and (m.function, m.before, m.after)
+                  in known else m.verdict for m in mutants}
+        count = Counter(status.values()) + Counter(mutants=len(mutants))
+        survivors += [m for m in mutants if status[m] in ALIVE]
+        totals.update(count)
+        rows.append(table_row(str(path), count))
+    lines = ["# Mutation testing: the summary", "",
+             "Written by `make mutate` (tools/mutate.py; docs/testing.md says how to read it). "
+             "Score: killed / (mutants - equivalent - not run); a timeout counts as not killed.",
+             ""]
+    if minutes is not None:
+        lines += [f"The run that wrote it took {minutes:.1f} minutes.", ""]
+    lines += ["| module | mutants | killed | survived | untested | timeout | equivalent | not run "
+              "| score |", "|---|---|---|---|---|---|---|---|---|", *rows,
+              table_row("**all**", totals), "",
+              f"## Survivors ({len(survivors)})", "",
+              "Each is a change to the code that no test notices (untested: no test of "
+              "[tool.mutmut]'s selection calls its function): a test to write, or an "
+              "equivalent mutation to list in tests/mutation_equivalent.yaml with its reason.",
+              ""]
+    lines += [f"- `{m.path}:{m.line}` ({m.function}{', untested' * (m.verdict == 'untested')}"
+              f"): `{m.before}` -> `{m.after}`" for m in survivors]
+    return "\n".join(lines) + "\n"
+
+
+def table_row(module: str, count: Counter) -> str:
+    """One row of the table; the score counts the mutants that ran (not run: a module that
+    `make mutate MODULE=...` has not reached yet)."""
+    scored = count["mutants"] - count["equivalent"] - count["not run"]
+    score = f"{100 * count['killed'] / scored:.1f} %" if scored else "-"
+    return (f"| {module} | {count['mutants']} | {count['killed']} | {count['survived']} | "
+            f"{count['untested']} | {count['timeout']} | {count['equivalent']} | "
+            f"{count['not run']} | {score} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--module", help="one source file, e.g. src/nmt/core/stats.py")
+    parser.add_argument("--summary", action="store_true", help="only write the summary")
+    args = parser.parse_args()
+    os.chdir(ROOT)  # mutmut reads pyproject.toml and writes mutants/ in the current folder
+    minutes = None if args.summary else run_mutmut(args.module)
+    SUMMARY.write_text(summary(minutes))
+    print(SUMMARY.read_text().split("## Survivors")[0].rstrip())
+    print(f"\nmutate: the summary and the survivors are in {SUMMARY.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
