@@ -16,8 +16,8 @@ TINY = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead
 
 class Attending(torch.nn.Module):
     """A model whose cross-attention is given: `last` (T + 1, S) is the last decoder layer's
-    mean over heads, split into two heads that disagree with it; the first layer points at
-    <eos> throughout."""
+    mean over heads, split into two heads that disagree with it; the two layers before it
+    point at <eos> throughout."""
 
     def __init__(self, last: torch.Tensor):
         super().__init__()
@@ -31,7 +31,7 @@ class Attending(torch.nn.Module):
         heads = torch.stack([2 * self.last - other, other])  # their mean: self.last
         first = torch.zeros_like(heads)
         first[..., -1] = 1.0  # every query on <eos>
-        return {"decoder_cross": [first[None], heads[None]]}
+        return {"decoder_cross": [first[None], first[None], heads[None]]}
 
 
 def test_an_unk_copies_the_real_source_token_it_attended_to_most():
@@ -39,7 +39,8 @@ def test_an_unk_copies_the_real_source_token_it_attended_to_most():
     source tokens only: <bos> and <eos> weigh most in some rows here but are never copied."""
     src = [BOS_ID, 10, UNK_ID, 11, EOS_ID]  # "Ein Zzyzx Hut"
     written = ["Ein", "Zzyzx", "Hut"]
-    out = [UNK_ID, 20, UNK_ID]
+    hat = len(SPECIALS)  # the vocabulary's first word: an id just past the special tokens
+    out = [UNK_ID, hat, UNK_ID]
     last = torch.tensor([[0.10, 0.20, 0.60, 0.05, 0.05],   # predicts out[0]: Zzyzx
                          [0.00, 0.90, 0.10, 0.00, 0.00],   # predicts out[1] (not an <unk>)
                          [0.70, 0.05, 0.05, 0.15, 0.05],   # out[2]: <bos> most, then Hut
@@ -49,7 +50,7 @@ def test_an_unk_copies_the_real_source_token_it_attended_to_most():
 
     class Codec:
         def pieces(self, ids):
-            return [{UNK_ID: SPECIALS[UNK_ID], 20: "hat"}[i] for i in ids]
+            return [{UNK_ID: SPECIALS[UNK_ID], hat: "hat"}[i] for i in ids]
 
         def join(self, pieces):
             return " ".join(pieces)

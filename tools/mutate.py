@@ -39,6 +39,7 @@ EQUIVALENT = ROOT / "tests" / "mutation_equivalent.yaml"
 VERDICTS = {1: "killed", 3: "killed", 0: "survived", 33: "untested", 5: "untested",
             36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout"}
 ALIVE = ("survived", "untested")  # what a test could kill, or an equivalent mutant explain
+COLUMNS = ("mutants", "killed", "survived", "untested", "timeout", "equivalent", "not run")
 
 
 @dataclass(frozen=True)
@@ -147,26 +148,46 @@ def summary(minutes: float | None) -> str:
         status = {m: "equivalent" if m.verdict in ALIVE and (m.function, m.before, m.after)
                   in known else m.verdict for m in mutants}
         count = Counter(status.values()) + Counter(mutants=len(mutants))
-        survivors += [m for m in mutants if status[m] in ALIVE]
+        found = [survivor_line(m) for m in mutants if status[m] in ALIVE]
+        if count["not run"] == len(mutants):  # none ran here (none: no mutants/ at all)
+            count, found = earlier(path) or (count, found)
+        survivors += found
         totals.update(count)
         rows.append(table_row(str(path), count))
     lines = ["# Mutation testing: the summary", "",
              "Written by `make mutate` (tools/mutate.py; docs/testing.md says how to read it). "
-             "Score: killed / (mutants - equivalent - not run); a timeout counts as not killed.",
-             ""]
+             "Score: killed / (mutants - equivalent - not run); a timeout counts as not killed. "
+             "A module that this checkout's mutants/ has not run keeps the row and survivors "
+             "that this file held before.", ""]
     if minutes is not None:
         lines += [f"The run that wrote it took {minutes:.1f} minutes.", ""]
-    lines += ["| module | mutants | killed | survived | untested | timeout | equivalent | not run "
-              "| score |", "|---|---|---|---|---|---|---|---|---|", *rows,
-              table_row("**all**", totals), "",
+    lines += ["| module | " + " | ".join(COLUMNS) + " | score |",
+              "|---|" + "---|" * (len(COLUMNS) + 1), *rows, table_row("**all**", totals), "",
               f"## Survivors ({len(survivors)})", "",
               "Each is a change to the code that no test notices (untested: no test of "
               "[tool.mutmut]'s selection calls its function): a test to write, or an "
               "equivalent mutation to list in tests/mutation_equivalent.yaml with its reason.",
-              ""]
-    lines += [f"- `{m.path}:{m.line}` ({m.function}{', untested' * (m.verdict == 'untested')}"
-              f"): `{m.before}` -> `{m.after}`" for m in survivors]
+              "", *survivors]
     return "\n".join(lines) + "\n"
+
+
+def survivor_line(m: Mutant) -> str:
+    return (f"- `{m.path}:{m.line}` ({m.function}{', untested' * (m.verdict == 'untested')}): "
+            f"`{m.before}` -> `{m.after}`")
+
+
+def earlier(path: Path) -> tuple[Counter, list[str]] | None:
+    """A module's row and survivor lines as docs/mutation.md holds them: an earlier run's,
+    kept while mutants/ here has not run the module (a fresh clone; MODULE= another)."""
+    if not SUMMARY.exists():
+        return None
+    text = SUMMARY.read_text().splitlines()
+    row = next((line for line in text if line.startswith(f"| {path} |")), None)
+    if row is None:
+        return None
+    cells = [cell.strip() for cell in row.strip("|").split("|")][1:1 + len(COLUMNS)]
+    return (Counter(dict(zip(COLUMNS, map(int, cells), strict=True))),
+            [line for line in text if line.startswith(f"- `{path}:")])
 
 
 def table_row(module: str, count: Counter) -> str:
@@ -174,9 +195,7 @@ def table_row(module: str, count: Counter) -> str:
     `make mutate MODULE=...` has not reached yet)."""
     scored = count["mutants"] - count["equivalent"] - count["not run"]
     score = f"{100 * count['killed'] / scored:.1f} %" if scored else "-"
-    return (f"| {module} | {count['mutants']} | {count['killed']} | {count['survived']} | "
-            f"{count['untested']} | {count['timeout']} | {count['equivalent']} | "
-            f"{count['not run']} | {score} |")
+    return f"| {module} | " + " | ".join(str(count[c]) for c in COLUMNS) + f" | {score} |"
 
 
 def main() -> None:
