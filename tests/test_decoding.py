@@ -77,7 +77,62 @@ def limits(srcs):
 
 def test_output_limits():
     assert output_limits([0, 5, 10], 1.2, 10) == [10, 16, 22]
-    assert output_limits([100], 1.2, 10, cap=63) == [63]
+    assert output_limits([100, 10], 1.2, 10, cap=63) == [63, 22]  # a cap limits only above it
+
+
+def test_the_models_cap_limits_every_output():
+    """DecodeConfig.cap (the model's max_len - 1) wins over a * source length + b."""
+    model, srcs = tiny_model("scratch"), sources(8, seed=5)
+    for method in ("greedy", "beam"):
+        outs = translate_batches(model, srcs, DecodeConfig(method=method, beam_size=2,
+                                                           max_len_a=3.0, max_len_b=20, cap=2),
+                                 progress=False)
+        assert max(map(len, outs)) == 2, method
+
+
+def test_decoding_settings_come_from_the_evaluate_section_and_name_their_keys():
+    ev = {"beam_size": 4, "length_penalty": 1.0, "max_len_a": 1.5, "max_len_b": 7,
+          "batch_size": 64, "testsets": ["x"]}
+    dc = DecodeConfig.from_params(ev, "beam", 99)
+    assert dc == DecodeConfig(method="beam", beam_size=4, length_penalty=1.0, max_len_a=1.5,
+                              max_len_b=7, cap=99, batch_size=64,
+                              batch_key="evaluate.batch_size", beam_key="evaluate.beam_size")
+    assert DecodeConfig.from_params(ev, "greedy", None, beam_size=2,
+                                    beam_key="--beam") == DecodeConfig(
+        method="greedy", beam_size=2, length_penalty=1.0, max_len_a=1.5, max_len_b=7, cap=None,
+        batch_size=64, batch_key="evaluate.batch_size", beam_key="--beam")
+
+
+def test_out_of_memory_names_what_to_shrink():
+    """The beam when there is one to shrink; nothing named where the sizes came from code."""
+    ev = {"beam_size": 4, "length_penalty": 1.0, "max_len_a": 1.5, "max_len_b": 7,
+          "batch_size": 64}
+    assert DecodeConfig.from_params(ev, "beam", None).shrink() == (
+        "a smaller evaluate.beam_size or evaluate.batch_size: beam search holds 4 x 64 "
+        "hypotheses at once")
+    assert DecodeConfig.from_params(ev, "beam", None, beam_size=2).shrink().startswith(
+        "a smaller evaluate.beam_size or")  # a beam of two is a beam
+    for method, beam in (("greedy", 4), ("beam", 1)):
+        assert DecodeConfig.from_params(ev, method, None, beam_size=beam).shrink() == \
+            "a smaller evaluate.batch_size"
+    assert DecodeConfig(method="beam", beam_size=4).shrink() is None  # set in code
+
+
+def test_decoding_out_of_memory_carries_what_to_shrink():
+    """The error a decoding step raises for memory reaches the CLI with its fix attached."""
+    model, ev = tiny_model("scratch"), {"beam_size": 3, "length_penalty": 1.0,
+                                        "max_len_a": 1.5, "max_len_b": 7, "batch_size": 8}
+
+    def no_memory(*args):
+        raise MemoryError
+
+    model.decode_step = no_memory
+    dc = DecodeConfig.from_params(ev, "beam", None)
+    with pytest.raises(MemoryError) as caught:
+        translate_batches(model, sources(2), dc, progress=False)
+    assert caught.value.memory_fix == dc.shrink() == (
+        "a smaller evaluate.beam_size or evaluate.batch_size: beam search holds 3 x 8 "
+        "hypotheses at once")
 
 
 @pytest.mark.parametrize("name", ["baseline", "scratch"])
@@ -102,9 +157,11 @@ def test_beam_of_one_equals_greedy(name):
 
 
 @pytest.mark.parametrize("name", ["baseline", "scratch"])
-@pytest.mark.parametrize("k,alpha", [(3, 0.6), (4, 0.0)])
-def test_batched_beam_equals_reference(name, k, alpha):
-    model, srcs = tiny_model(name), sources(6, seed=3)
+@pytest.mark.parametrize("k,alpha,n", [(3, 0.6, 6), (4, 0.0, 6), (3, 2.0, 16), (6, 0.6, 12)])
+def test_batched_beam_equals_reference(name, k, alpha, n):
+    """A strong length penalty (alpha 2) and wide beams over more sentences: finished
+    hypotheses of different lengths compete, and some are found after K others finished."""
+    model, srcs = tiny_model(name), sources(n, seed=3)
     dc = DecodeConfig(batch_size=4, method="beam", beam_size=k, length_penalty=alpha,
                       max_len_a=A, max_len_b=B)
     batched = translate_batches(model, srcs, dc, progress=False)
