@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import os
 import subprocess
 import sys
@@ -47,17 +48,21 @@ class Mutant:
     name: str  # mutmut's, e.g. nmt.core.stats.x_bootstrap__mutmut_3
     path: Path  # the source file, relative to ROOT
     verdict: str
-    line: int  # of the first line the mutation changes, in the source file
-    before: str  # the changed lines, stripped and joined
-    after: str
+    line: int = 0  # of the first line the mutation changes, in the source file (alive ones)
+    before: str = ""  # the changed lines, stripped and joined (alive ones)
+    after: str = ""
+
+    @property
+    def key(self) -> str:
+        """mutmut's name of the function: x_name, or xǁClassǁname for a method."""
+        return self.name.rsplit(".", 1)[1].split("__mutmut_")[0]
 
     @property
     def function(self) -> str:
         """module.function or module.Class.method, as tests/mutation_equivalent.yaml names it."""
-        module, mangled = self.name.rsplit(".", 1)
-        key = mangled.split("__mutmut_")[0]
-        return f"{module}.{key[2:]}" if key.startswith("x_") else \
-            f"{module}.{'.'.join(key.split('ǁ')[1:])}"
+        module = self.name.rsplit(".", 1)[0]
+        return f"{module}.{self.key[2:]}" if self.key.startswith("x_") else \
+            f"{module}.{'.'.join(self.key.split('ǁ')[1:])}"
 
 
 def mutated_paths() -> list[Path]:
@@ -71,10 +76,10 @@ def run_mutmut(module: str | None) -> float:
     """mutmut run, over every module or one; the minutes it took."""
     names = []
     if module:
-        path = Path(module)
-        if path not in mutated_paths():
+        path, paths = Path(module), mutated_paths()
+        if path not in paths:
             sys.exit(f"mutate: {module} is not a module [tool.mutmut] only_mutate names "
-                     f"(pyproject.toml): {', '.join(map(str, mutated_paths()))}")
+                     f"(pyproject.toml): {', '.join(map(str, paths))}")
         names = [".".join(path.relative_to("src").with_suffix("").parts) + ".*"]
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=ROOT, check=True)
@@ -82,7 +87,8 @@ def run_mutmut(module: str | None) -> float:
 
 
 def mutants_of(path: Path) -> list[Mutant]:
-    """Every mutant of one source file with its verdict, from mutmut's results in mutants/."""
+    """Every mutant of one source file with its verdict, from mutmut's results in mutants/;
+    where a test could still kill it (ALIVE), also its line and mutation, from mutmut's diff."""
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.mutation.diff_apply import get_diff_for_mutant
 
@@ -91,11 +97,13 @@ def mutants_of(path: Path) -> list[Mutant]:
     starts = function_starts(ROOT / path)
     mutants = []
     for name, code in sorted(data.exit_code_by_key.items()):
-        verdict = VERDICTS.get(code, "not run" if code is None else "timeout")
-        diff = get_diff_for_mutant(name, path=path).splitlines()[2:]  # no ---/+++ header
-        offset, before, after = changed_lines(diff)
-        key = name.rsplit(".", 1)[1].split("__mutmut_")[0]
-        mutants.append(Mutant(name, path, verdict, starts[key] + offset, before, after))
+        mutant = Mutant(name, path, VERDICTS.get(code, "not run" if code is None else "timeout"))
+        if mutant.verdict in ALIVE:
+            diff = get_diff_for_mutant(name, path=path).splitlines()[2:]  # no ---/+++ header
+            offset, before, after = changed_lines(diff)
+            mutant = dataclasses.replace(mutant, line=starts[mutant.key] + offset,
+                                         before=before, after=after)
+        mutants.append(mutant)
     return mutants
 
 
