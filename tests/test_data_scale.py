@@ -124,6 +124,7 @@ def test_compact_pairs_behave_like_the_list(both):
     assert list(pairs[10:20]) == listed[10:20] and len(pairs[5000:]) == 0
     assert list(Pairs.of(listed[:50])) == listed[:50] and Pairs.of(pairs) is pairs
     assert pairs.src.ids.dtype == np.int32 and pairs.src.ids.base is None  # one array a side
+    assert Pairs.of(listed[:50]).tgt.ids.dtype == np.int32  # 4 bytes an id, lists or not
     with pytest.raises(IndexError):
         pairs[len(pairs)]
 
@@ -139,6 +140,9 @@ def test_batch_tensors_are_what_collate_makes(both):
             want_src, want_tgt = collate([listed[i] for i in idx], multiple, limit)
             assert src.dtype == want_src.dtype == torch.long
             assert src.equal(want_src) and tgt.equal(want_tgt)
+    # collate itself, by default: padded to the longest sentence of each side, no further
+    src, tgt = collate([([2, 5, 3], [2, 3]), ([2, 3], [2, 6, 7, 3])])
+    assert src.tolist() == [[2, 5, 3], [2, 3, 1]] and tgt.tolist() == [[2, 3, 1, 1], [2, 6, 7, 3]]
 
 
 # sha256 (first 16 hex digits) of what the code before streaming and compact pairs (commit

@@ -5,6 +5,7 @@ The interface tests run on every model of the registry; the mapping and equivale
 the two twins, baseline and scratch (the decoder-only model has its own tests in
 test_decoder_only.py)."""
 
+import cmath
 import collections
 import dataclasses
 import inspect
@@ -22,6 +23,7 @@ from nmt.models import MODELS, ModelConfig, build_model, registry
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
 from nmt.models.masks import bias
 from nmt.models.scratch import Dropout, MultiHeadAttention, scaled_dot_product_attention
+from nmt.models.scratch.rotary import Rotary
 
 SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhead=4,
                     dim_feedforward=64, dropout=0.1, max_len=64)
@@ -108,9 +110,10 @@ def test_the_registry_says_what_each_model_is(name):
 
 
 def test_the_reference_comes_first_among_the_encoder_decoders():
-    assert ENCODER_DECODERS[0] == registry.REFERENCE == "baseline"
-    assert set(ENCODER_DECODERS) == {n for n in MODEL_NAMES if MODELS[n].encoder_decoder}
-    assert set(registry.exportable()) <= set(ENCODER_DECODERS)
+    models = registry.encoder_decoders()  # each once (ENCODER_DECODERS is the import's answer)
+    assert models[0] == registry.REFERENCE == "baseline" and len(set(models)) == len(models)
+    assert set(models) == {n for n in MODEL_NAMES if MODELS[n].encoder_decoder}
+    assert set(registry.exportable()) <= set(models)
 
 
 def test_the_registry_and_the_light_layers_import_no_torch():
@@ -373,6 +376,31 @@ def test_a_bias_and_the_boolean_mask_it_comes_from_attend_alike():
         torch.testing.assert_close(attn(x, keep)[0], attn(x, bias(keep, x))[0], rtol=0, atol=0)
 
 
+def test_a_bias_is_in_the_dtype_of_the_queries_it_is_added_to():
+    """The bias a forward builds from its hidden states has the dtype of the queries that
+    attention makes of them: under the CPU's bf16 autocast, fp32 states give bf16 queries and
+    a bf16 bias (a float32 bias beside them is the cast each call that masks.py avoids)."""
+    attn = MultiHeadAttention(8, 2, 0.0)
+    keep = torch.rand(2, 1, 5, 5) > 0.4
+    for dtype, autocast in ((torch.float32, False), (torch.float64, False),
+                            (torch.float32, True)):
+        x = torch.randn(2, 5, 8, dtype=dtype)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            queries = attn.to(dtype).project_self(x)[0]
+            assert bias(keep, x).dtype == queries.dtype == (torch.bfloat16 if autocast else dtype)
+
+
+def test_a_layer_returns_its_weights_only_when_asked():
+    """Attention weights (B, H, T, S) come back on request (attention_maps); else the fused
+    kernel runs and none are returned, in eval as in training."""
+    attn = MultiHeadAttention(8, 2, 0.0).double()
+    x, keep = torch.randn(2, 5, 8, dtype=torch.float64), torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    for training in (False, True):
+        attn.train(training)
+        assert attn(x, keep)[1] is None
+        assert attn(x, keep, need_weights=True)[1].shape == (2, 2, 5, 5)
+
+
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_fused_equals_math(dtype, atol):
     _, scratch = pair(dtype=dtype)
@@ -554,6 +582,24 @@ def test_rotary_scores_depend_on_the_distance_only():
     torch.testing.assert_close(score(3, 7), score(10, 14), rtol=0, atol=1e-6)
     assert abs(score(3, 7) - score(3, 8)) > 1e-3
     torch.testing.assert_close(attn.at_positions(q, 0), q, rtol=0, atol=0)
+
+
+def test_rotary_turns_each_pair_by_its_angle_as_complex_numbers_do():
+    """RoFormer's rotation, computed another way: pair i of a (T, Dh) input, as the complex
+    number x[i] + 1j x[i + Dh/2], times e^(1j p 10000^(-2i/Dh)) at position p (cmath, one
+    number at a time), over 2,000 positions, where float32 frequencies are visibly off (the
+    tables themselves are float32, rounded once). A bf16 input stays bf16."""
+    d_head, max_len, start = 8, 2048, 2040
+    rotary = Rotary(d_head, max_len)
+    x = torch.randn(max_len - start, d_head, dtype=torch.float64)
+    got = rotary(x, start)
+    half = d_head // 2
+    for t in range(x.size(0)):
+        for i in range(half):
+            angle = (start + t) * 10000.0 ** (-2 * i / d_head)
+            z = complex(x[t, i], x[t, i + half]) * cmath.exp(1j * angle)
+            assert abs(got[t, i] - z.real) < 1e-6 and abs(got[t, i + half] - z.imag) < 1e-6
+    assert rotary(x.bfloat16(), start).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])

@@ -53,27 +53,6 @@ def fit(data, tmp_path, name: str, **train_settings) -> tuple[dict, list[dict]]:
     return summary, history
 
 
-def test_lr_factor_values():
-    assert [lr_factor(s, 0) for s in (0, 1, 5, 10_000)] == [1.0] * 4
-    # Linear warmup over 4 updates, peak 1.0 at update 4, then sqrt(4 / step).
-    assert [lr_factor(s, 4) for s in range(1, 9)] == [
-        0.25, 0.5, 0.75, 1.0, math.sqrt(4 / 5), math.sqrt(4 / 6), math.sqrt(4 / 7), 0.5 ** 0.5]
-    assert lr_factor(0, 4) == lr_factor(1, 4) == 0.25  # the first update never runs at lr 0
-    assert lr_factor(400, 100) == 0.5
-
-
-def test_linear_and_cosine_decay_to_zero_over_the_run():
-    for schedule in ("linear", "cosine"):
-        curve = [lr_factor(s, 4, schedule, total=20) for s in range(1, 21)]
-        assert curve[:4] == [0.25, 0.5, 0.75, 1.0]  # the same warmup
-        assert all(a > b for a, b in zip(curve[3:], curve[4:], strict=False))  # then falls
-        assert curve[-1] == 0.0 and lr_factor(25, 4, schedule, total=20) == 0.0
-    assert lr_factor(12, 4, "linear", total=20) == 0.5  # halfway from the peak to the end
-    assert lr_factor(12, 4, "cosine", total=20) == pytest.approx(0.5)
-    assert lr_factor(8, 4, "cosine", total=20) > lr_factor(8, 4, "linear", total=20)
-    assert [lr_factor(s, 0, "linear", total=4) for s in (1, 2, 3, 4)] == [0.75, 0.5, 0.25, 0.0]
-
-
 def test_max_updates_cuts_the_last_epoch_and_ends_the_decay_at_zero(data, tmp_path):
     # 200 pairs / 32 = 7 updates an epoch: 10 updates are one epoch and 3 of the next.
     summary, history = fit(data, tmp_path, "budget", epochs=1, max_updates=10, warmup_steps=2,

@@ -11,8 +11,10 @@ against only those tests. Its results stay in mutants/ (ignored by git), so a se
 tests only what changed. This script then writes docs/mutation.md: per module, the mutants
 killed, survived, timed out and untested, the score killed / (mutants - equivalent), and
 every survivor with its file:line and the mutation, less those that
-tests/mutation_equivalent.yaml lists as equivalent (a mutation that cannot change what the
-code does), each with its reason. docs/testing.md says how to read it.
+tests/mutation_equivalent.yaml lists, each with its reason: equivalent (a mutation that cannot
+change what the code does), or GPU only (a change on a path that a CPU never takes, such as a
+tensor's device or dropout inside the fused attention kernel; listed in the summary, as no test
+here can kill them). docs/testing.md says how to read it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ EQUIVALENT = ROOT / "tests" / "mutation_equivalent.yaml"
 VERDICTS = {1: "killed", 3: "killed", 0: "survived", 33: "untested", 5: "untested",
             36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout"}
 ALIVE = ("survived", "untested")  # what a test could kill, or an equivalent mutant explain
-COLUMNS = ("mutants", "killed", "survived", "untested", "timeout", "equivalent", "not run")
+COLUMNS = ("mutants", "killed", "survived", "untested", "timeout", "equivalent", "GPU only",
+           "not run")
+KINDS = {"equivalent": "equivalent", "gpu": "GPU only"}  # an entry's kind -> its column
 
 
 @dataclass(frozen=True)
@@ -141,30 +145,35 @@ def changed_lines(diff: list[str]) -> tuple[int, str, str]:
     return first or 0, " ".join(before), " ".join(after)
 
 
-def equivalent() -> dict[tuple[str, str, str], str]:
-    """(function, before, after) -> why the mutation cannot change behaviour."""
+def explained() -> dict[tuple[str, str, str], tuple[str, str]]:
+    """(function, before, after) -> (its column: equivalent or GPU only, why)."""
     entries = yaml.safe_load(EQUIVALENT.read_text()) or []
-    return {(e["function"], e["before"], e["after"]): e["why"] for e in entries}
+    return {(e["function"], e["before"], e["after"]): (KINDS[e.get("kind", "equivalent")],
+                                                       e["why"]) for e in entries}
 
 
 def summary(minutes: float | None) -> str:
-    known = equivalent()
-    rows, survivors = [], []
+    known = explained()
+    rows, survivors, gpu_only = [], [], []
     totals: Counter = Counter()
     for path in mutated_paths():
         mutants = mutants_of(path)
-        status = {m: "equivalent" if m.verdict in ALIVE and (m.function, m.before, m.after)
-                  in known else m.verdict for m in mutants}
+        status = {m: known.get((m.function, m.before, m.after), (m.verdict, ""))[0]
+                  if m.verdict in ALIVE else m.verdict for m in mutants}
         count = Counter(status.values()) + Counter(mutants=len(mutants))
         found = [survivor_line(m) for m in mutants if status[m] in ALIVE]
+        gpu = [survivor_line(m, known[m.function, m.before, m.after][1]) for m in mutants
+               if status[m] == "GPU only"]
         if count["not run"] == len(mutants):  # none ran here (none: no mutants/ at all)
-            count, found = earlier(path) or (count, found)
+            count, found, gpu = earlier(path) or (count, found, gpu)
         survivors += found
+        gpu_only += gpu
         totals.update(count)
         rows.append(table_row(str(path), count))
     lines = ["# Mutation testing: the summary", "",
              "Written by `make mutate` (tools/mutate.py; docs/testing.md says how to read it). "
-             "Score: killed / (mutants - equivalent - not run); a timeout counts as not killed. "
+             "Score: killed / (mutants - equivalent - GPU only - not run); a timeout counts as "
+             "not killed. "
              "A module that this checkout's mutants/ has not run keeps the row and survivors "
              "that this file held before.", ""]
     if minutes is not None:
@@ -175,33 +184,44 @@ def summary(minutes: float | None) -> str:
               "Each is a change to the code that no test notices (untested: no test of "
               "[tool.mutmut]'s selection calls its function): a test to write, or an "
               "equivalent mutation to list in tests/mutation_equivalent.yaml with its reason.",
-              "", *survivors]
+              "", *survivors, "", f"## GPU only ({len(gpu_only)})", "",
+              "Changes on a path that a CPU never takes, so that no test here can kill them "
+              "(tests/mutation_equivalent.yaml, kind gpu): what a GPU run would show.", "",
+              *gpu_only]
     return "\n".join(lines) + "\n"
 
 
-def survivor_line(m: Mutant) -> str:
+def survivor_line(m: Mutant, why: str = "") -> str:
     return (f"- `{m.path}:{m.line}` ({m.function}{', untested' * (m.verdict == 'untested')}): "
-            f"`{m.before}` -> `{m.after}`")
+            f"`{m.before}` -> `{m.after}`" + (f": {why}" if why else ""))
 
 
-def earlier(path: Path) -> tuple[Counter, list[str]] | None:
-    """A module's row and survivor lines as docs/mutation.md holds them: an earlier run's,
-    kept while mutants/ here has not run the module (a fresh clone; MODULE= another)."""
+def earlier(path: Path) -> tuple[Counter, list[str], list[str]] | None:
+    """A module's row, survivor and GPU-only lines as docs/mutation.md holds them: an earlier
+    run's, kept while mutants/ here has not run the module (a fresh clone; MODULE= another)."""
     if not SUMMARY.exists():
         return None
     text = SUMMARY.read_text().splitlines()
     row = next((line for line in text if line.startswith(f"| {path} |")), None)
     if row is None:
         return None
-    cells = [cell.strip() for cell in row.strip("|").split("|")][1:1 + len(COLUMNS)]
-    return (Counter(dict(zip(COLUMNS, map(int, cells), strict=True))),
-            [line for line in text if line.startswith(f"- `{path}:")])
+    header = next(line for line in text if line.startswith("| module |"))
+
+    def cells(line: str) -> list[str]:
+        return [cell.strip() for cell in line.strip("|").split("|")]
+
+    # by the header's names: a summary written before a column was added lacks it (0)
+    held = dict(zip(cells(header), cells(row), strict=True))
+    gpu = next((i for i, line in enumerate(text) if line.startswith("## GPU only")), len(text))
+    lines = [(i, line) for i, line in enumerate(text) if line.startswith(f"- `{path}:")]
+    return (Counter({column: int(held.get(column, 0)) for column in COLUMNS}),
+            [line for i, line in lines if i < gpu], [line for i, line in lines if i > gpu])
 
 
 def table_row(module: str, count: Counter) -> str:
     """One row of the table; the score counts the mutants that ran (not run: a module that
     `make mutate MODULE=...` has not reached yet)."""
-    scored = count["mutants"] - count["equivalent"] - count["not run"]
+    scored = count["mutants"] - count["equivalent"] - count["GPU only"] - count["not run"]
     score = f"{100 * count['killed'] / scored:.1f} %" if scored else "-"
     return f"| {module} | " + " | ".join(str(count[c]) for c in COLUMNS) + f" | {score} |"
 

@@ -19,16 +19,19 @@ def _layer(side: str, attentions: list, norms: int) -> list:
     return pairs
 
 
-# (baseline name, scratch name)
-PAIRS = [
-    ("src_tok_emb.embedding.weight", "src_embed.token.weight"),
-    ("tgt_tok_emb.embedding.weight", "tgt_embed.token.weight"),
-    *_layer("encoder", [("self_attn", "self_attn")], norms=2),
-    ("transformer.encoder.norm.{p}", "encoder.norm.{p}"),
-    *_layer("decoder", [("self_attn", "self_attn"), ("multihead_attn", "cross_attn")], norms=3),
-    ("transformer.decoder.norm.{p}", "decoder.norm.{p}"),
-    ("generator.{p}", "generator.{p}"),
-]
+def pairs() -> list[tuple[str, str]]:
+    """(baseline name, scratch name) of every tensor: built when a conversion runs, not when
+    the module is imported (make mutate's mutants of _layer take effect only so)."""
+    return [
+        ("src_tok_emb.embedding.weight", "src_embed.token.weight"),
+        ("tgt_tok_emb.embedding.weight", "tgt_embed.token.weight"),
+        *_layer("encoder", [("self_attn", "self_attn")], norms=2),
+        ("transformer.encoder.norm.{p}", "encoder.norm.{p}"),
+        *_layer("decoder", [("self_attn", "self_attn"), ("multihead_attn", "cross_attn")],
+                norms=3),
+        ("transformer.decoder.norm.{p}", "decoder.norm.{p}"),
+        ("generator.{p}", "generator.{p}"),
+    ]
 
 
 def _pattern(template: str) -> re.Pattern:
@@ -54,9 +57,9 @@ def _rename(state_dict: dict, pairs: list) -> dict:
 
 def baseline_to_scratch(state_dict: dict) -> dict:
     """Baseline state dict -> scratch state dict (the same tensors, renamed)."""
-    return _rename(state_dict, PAIRS)
+    return _rename(state_dict, pairs())
 
 
 def scratch_to_baseline(state_dict: dict) -> dict:
     """Scratch state dict -> baseline state dict (the same tensors, renamed)."""
-    return _rename(state_dict, [(s, b) for b, s in PAIRS])
+    return _rename(state_dict, [(s, b) for b, s in pairs()])
