@@ -116,6 +116,18 @@ def test_the_reference_comes_first_among_the_encoder_decoders():
     assert set(registry.exportable()) <= set(models)
 
 
+@pytest.mark.parametrize("name", ENCODER_DECODERS)
+def test_the_registry_gives_each_encoder_decoders_weights_scratchs_names(name):
+    """What bench and the export load: a model's state dict under scratch's names, with which
+    a scratch model computes the same logits."""
+    model = model_named(name)
+    scratch = build_model("scratch", SMALL, SRC_V, TGT_V, PAD).double().eval()
+    scratch.load_state_dict(registry.entry(name).scratch_state_dict(model.state_dict()))
+    src, tgt = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(scratch(src, tgt), model(src, tgt), rtol=0, atol=1e-10)
+
+
 def test_the_registry_and_the_light_layers_import_no_torch():
     """The command line, params validation and run names read the registry: none of them
     imports torch (a model's module is imported when one is built)."""

@@ -226,6 +226,8 @@ def test_compiled_makes_one_graph_for_batches_of_other_sizes():
 
     from nmt.training.step import compiled
 
+    # train's own call, with the default backend: one torch.compile knows (it refuses others)
+    assert isinstance(compiled(TwoInputs()), torch._dynamo.eval_frame.OptimizedModule)
     counters["stats"]["unique_graphs"] += 5  # an earlier model's, which compiled() clears
     step_model = compiled(TwoInputs(), backend="eager")
     for batch, source, target in ((4, 4, 4), (3, 7, 5), (2, 9, 3)):
@@ -292,6 +294,8 @@ def test_the_updater_steps_as_adam_by_hand_on_its_schedule():
     model, src, tgt = micro_batch_model()
     cpu = torch.device("cpu")
     micro = [(src[:2], tgt[:2], True), (src[2:], tgt[2:], True), (src, tgt, False)]
+    assert updater(copy.deepcopy(model), config, cpu, precision="fp32", total_updates=6,
+                   compile_on=True).compiled  # (it compiles at its first update)
     update = updater(model, config, cpu, precision="fp32", total_updates=6)
     assert not update.compiled and update.graphs is None
     (b1, b2), eps = config.betas, config.eps
@@ -335,3 +339,5 @@ def test_linear_and_cosine_decay_to_zero_over_the_run():
     assert lr_factor(12, 4, "cosine", total=20) == pytest.approx(0.5)
     assert lr_factor(8, 4, "cosine", total=20) > lr_factor(8, 4, "linear", total=20)
     assert [lr_factor(s, 0, "linear", total=4) for s in (1, 2, 3, 4)] == [0.75, 0.5, 0.25, 0.0]
+    # one update after the warmup: the peak, then zero
+    assert [lr_factor(s, 3, "linear", total=4) for s in (2, 3, 4)] == [2 / 3, 1.0, 0.0]

@@ -12,9 +12,10 @@ tests only what changed. This script then writes docs/mutation.md: per module, t
 killed, survived, timed out and untested, the score killed / (mutants - equivalent), and
 every survivor with its file:line and the mutation, less those that
 tests/mutation_equivalent.yaml lists, each with its reason: equivalent (a mutation that cannot
-change what the code does), or GPU only (a change on a path that a CPU never takes, such as a
-tensor's device or dropout inside the fused attention kernel; listed in the summary, as no test
-here can kill them). docs/testing.md says how to read it.
+change what the code does), GPU only (a change on a path that a CPU never takes, such as a
+tensor's device or dropout inside the fused attention kernel) or DDP only (what only several
+processes tell apart); the last two are listed in the summary, as no test here can kill them.
+docs/testing.md says how to read it.
 """
 
 from __future__ import annotations
@@ -43,8 +44,12 @@ VERDICTS = {1: "killed", 3: "killed", 0: "survived", 33: "untested", 5: "unteste
             36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout"}
 ALIVE = ("survived", "untested")  # what a test could kill, or an equivalent mutant explain
 COLUMNS = ("mutants", "killed", "survived", "untested", "timeout", "equivalent", "GPU only",
-           "not run")
-KINDS = {"equivalent": "equivalent", "gpu": "GPU only"}  # an entry's kind -> its column
+           "DDP only", "not run")
+# an entry's kind -> its column: a mutation that cannot change behaviour; one on a path that
+# only a GPU takes; one that only several processes tell apart (DistributedDataParallel)
+KINDS = {"equivalent": "equivalent", "gpu": "GPU only", "ddp": "DDP only"}
+APART = ("GPU only", "DDP only")  # listed in the summary, as no test here can kill them
+SECTION = "## GPU or DDP only"
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,7 @@ def changed_lines(diff: list[str]) -> tuple[int, str, str]:
 
 
 def explained() -> dict[tuple[str, str, str], tuple[str, str]]:
-    """(function, before, after) -> (its column: equivalent or GPU only, why)."""
+    """(function, before, after) -> (its column: equivalent, GPU only or DDP only; why)."""
     entries = yaml.safe_load(EQUIVALENT.read_text()) or []
     return {(e["function"], e["before"], e["after"]): (KINDS[e.get("kind", "equivalent")],
                                                        e["why"]) for e in entries}
@@ -154,7 +159,7 @@ def explained() -> dict[tuple[str, str, str], tuple[str, str]]:
 
 def summary(minutes: float | None) -> str:
     known = explained()
-    rows, survivors, gpu_only = [], [], []
+    rows, survivors, apart = [], [], []
     totals: Counter = Counter()
     for path in mutated_paths():
         mutants = mutants_of(path)
@@ -162,18 +167,18 @@ def summary(minutes: float | None) -> str:
                   if m.verdict in ALIVE else m.verdict for m in mutants}
         count = Counter(status.values()) + Counter(mutants=len(mutants))
         found = [survivor_line(m) for m in mutants if status[m] in ALIVE]
-        gpu = [survivor_line(m, known[m.function, m.before, m.after][1]) for m in mutants
-               if status[m] == "GPU only"]
+        gpu = [survivor_line(m, f"{status[m]}: " + known[m.function, m.before, m.after][1])
+               for m in mutants if status[m] in APART]
         if count["not run"] == len(mutants):  # none ran here (none: no mutants/ at all)
             count, found, gpu = earlier(path) or (count, found, gpu)
         survivors += found
-        gpu_only += gpu
+        apart += gpu
         totals.update(count)
         rows.append(table_row(str(path), count))
     lines = ["# Mutation testing: the summary", "",
              "Written by `make mutate` (tools/mutate.py; docs/testing.md says how to read it). "
-             "Score: killed / (mutants - equivalent - GPU only - not run); a timeout counts as "
-             "not killed. "
+             "Score: killed / (mutants - equivalent - GPU only - DDP only - not run); a timeout "
+             "counts as not killed. "
              "A module that this checkout's mutants/ has not run keeps the row and survivors "
              "that this file held before.", ""]
     if minutes is not None:
@@ -184,10 +189,12 @@ def summary(minutes: float | None) -> str:
               "Each is a change to the code that no test notices (untested: no test of "
               "[tool.mutmut]'s selection calls its function): a test to write, or an "
               "equivalent mutation to list in tests/mutation_equivalent.yaml with its reason.",
-              "", *survivors, "", f"## GPU only ({len(gpu_only)})", "",
-              "Changes on a path that a CPU never takes, so that no test here can kill them "
-              "(tests/mutation_equivalent.yaml, kind gpu): what a GPU run would show.", "",
-              *gpu_only]
+              "", *survivors, "", f"{SECTION} ({len(apart)})", "",
+              "Changes on a path that a CPU never takes (kind gpu in "
+              "tests/mutation_equivalent.yaml), or that only several processes tell apart "
+              "(kind ddp: DistributedDataParallel's ranks, which tests/test_distributed.py "
+              "runs as processes that no mutant reaches). No test here can kill them.", "",
+              *apart]
     return "\n".join(lines) + "\n"
 
 
@@ -212,7 +219,7 @@ def earlier(path: Path) -> tuple[Counter, list[str], list[str]] | None:
 
     # by the header's names: a summary written before a column was added lacks it (0)
     held = dict(zip(cells(header), cells(row), strict=True))
-    gpu = next((i for i, line in enumerate(text) if line.startswith("## GPU only")), len(text))
+    gpu = next((i for i, line in enumerate(text) if line.startswith(SECTION)), len(text))
     lines = [(i, line) for i, line in enumerate(text) if line.startswith(f"- `{path}:")]
     return (Counter({column: int(held.get(column, 0)) for column in COLUMNS}),
             [line for i, line in lines if i < gpu], [line for i, line in lines if i > gpu])
@@ -221,7 +228,8 @@ def earlier(path: Path) -> tuple[Counter, list[str], list[str]] | None:
 def table_row(module: str, count: Counter) -> str:
     """One row of the table; the score counts the mutants that ran (not run: a module that
     `make mutate MODULE=...` has not reached yet)."""
-    scored = count["mutants"] - count["equivalent"] - count["GPU only"] - count["not run"]
+    scored = count["mutants"] - count["equivalent"] - sum(count[c] for c in APART) \
+        - count["not run"]
     score = f"{100 * count['killed'] / scored:.1f} %" if scored else "-"
     return f"| {module} | " + " | ".join(str(count[c]) for c in COLUMNS) + f" | {score} |"
 
