@@ -599,8 +599,8 @@ def test_rotary_scores_depend_on_the_distance_only():
 def test_rotary_turns_each_pair_by_its_angle_as_complex_numbers_do():
     """RoFormer's rotation, computed another way: pair i of a (T, Dh) input, as the complex
     number x[i] + 1j x[i + Dh/2], times e^(1j p 10000^(-2i/Dh)) at position p (cmath, one
-    number at a time), over 2,000 positions, where float32 frequencies are visibly off (the
-    tables themselves are float32, rounded once). A bf16 input stays bf16."""
+    number at a time), at positions 2,040-2,047, where float32 frequencies are visibly off
+    (the tables themselves are float32, rounded once). A bf16 input stays bf16."""
     d_head, max_len, start = 8, 2048, 2040
     rotary = Rotary(d_head, max_len)
     x = torch.randn(max_len - start, d_head, dtype=torch.float64)

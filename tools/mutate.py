@@ -48,7 +48,7 @@ COLUMNS = ("mutants", "killed", "survived", "untested", "timeout", "equivalent",
 # an entry's kind -> its column: a mutation that cannot change behaviour; one on a path that
 # only a GPU takes; one that only several processes tell apart (DistributedDataParallel)
 KINDS = {"equivalent": "equivalent", "gpu": "GPU only", "ddp": "DDP only"}
-APART = ("GPU only", "DDP only")  # listed in the summary, as no test here can kill them
+APART = tuple(column for column in KINDS.values() if column != "equivalent")  # listed apart
 SECTION = "## GPU or DDP only"
 
 
@@ -159,6 +159,7 @@ def explained() -> dict[tuple[str, str, str], tuple[str, str]]:
 
 def summary(minutes: float | None) -> str:
     known = explained()
+    written = SUMMARY.read_text().splitlines() if SUMMARY.exists() else []  # for earlier()
     rows, survivors, apart = [], [], []
     totals: Counter = Counter()
     for path in mutated_paths():
@@ -167,12 +168,13 @@ def summary(minutes: float | None) -> str:
                   if m.verdict in ALIVE else m.verdict for m in mutants}
         count = Counter(status.values()) + Counter(mutants=len(mutants))
         found = [survivor_line(m) for m in mutants if status[m] in ALIVE]
-        gpu = [survivor_line(m, f"{status[m]}: " + known[m.function, m.before, m.after][1])
-               for m in mutants if status[m] in APART]
+        unreachable = [survivor_line(m, f"{status[m]}: " + known[m.function, m.before,
+                                                                   m.after][1])
+                       for m in mutants if status[m] in APART]
         if count["not run"] == len(mutants):  # none ran here (none: no mutants/ at all)
-            count, found, gpu = earlier(path) or (count, found, gpu)
+            count, found, unreachable = earlier(path, written) or (count, found, unreachable)
         survivors += found
-        apart += gpu
+        apart += unreachable
         totals.update(count)
         rows.append(table_row(str(path), count))
     lines = ["# Mutation testing: the summary", "",
@@ -203,12 +205,10 @@ def survivor_line(m: Mutant, why: str = "") -> str:
             f"`{m.before}` -> `{m.after}`" + (f": {why}" if why else ""))
 
 
-def earlier(path: Path) -> tuple[Counter, list[str], list[str]] | None:
-    """A module's row, survivor and GPU-only lines as docs/mutation.md holds them: an earlier
-    run's, kept while mutants/ here has not run the module (a fresh clone; MODULE= another)."""
-    if not SUMMARY.exists():
-        return None
-    text = SUMMARY.read_text().splitlines()
+def earlier(path: Path, text: list[str]) -> tuple[Counter, list[str], list[str]] | None:
+    """A module's row, survivor and GPU-or-DDP-only lines as docs/mutation.md (its lines:
+    text) holds them: an earlier run's, kept while mutants/ here has not run the module (a
+    fresh clone; MODULE= another)."""
     row = next((line for line in text if line.startswith(f"| {path} |")), None)
     if row is None:
         return None
@@ -219,10 +219,10 @@ def earlier(path: Path) -> tuple[Counter, list[str], list[str]] | None:
 
     # by the header's names: a summary written before a column was added lacks it (0)
     held = dict(zip(cells(header), cells(row), strict=True))
-    gpu = next((i for i, line in enumerate(text) if line.startswith(SECTION)), len(text))
+    section = next((i for i, line in enumerate(text) if line.startswith(SECTION)), len(text))
     lines = [(i, line) for i, line in enumerate(text) if line.startswith(f"- `{path}:")]
     return (Counter({column: int(held.get(column, 0)) for column in COLUMNS}),
-            [line for i, line in lines if i < gpu], [line for i, line in lines if i > gpu])
+            [line for i, line in lines if i < section], [line for i, line in lines if i > section])
 
 
 def table_row(module: str, count: Counter) -> str:
