@@ -23,6 +23,7 @@ from nmt.models import MODELS, ModelConfig, build_model, registry
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
 from nmt.models.masks import bias
 from nmt.models.scratch import Dropout, MultiHeadAttention, scaled_dot_product_attention
+from nmt.models.scratch.dropout import keep_mask
 from nmt.models.scratch.rotary import Rotary
 
 SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhead=4,
@@ -137,6 +138,20 @@ def test_the_registry_and_the_light_layers_import_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False"]
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_a_model_class_built_with_its_defaults_is_build_models(name):
+    """The class alone, as a notebook may build it (registry.entry(name).model_class()), takes
+    the pipeline's special ids by default: with build_model's weights, the same logits on a
+    padded batch whose targets start with <bos>."""
+    torch.manual_seed(0)
+    built = build_model(name, SMALL, SRC_V, TGT_V).double().eval()
+    bare = registry.entry(name).model_class()(SMALL, SRC_V, TGT_V).double().eval()
+    bare.load_state_dict(built.state_dict())
+    src, tgt = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(bare(src, tgt), built(src, tgt), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
@@ -264,6 +279,17 @@ def test_decode_step_equals_forward(name, dtype, atol):
                                        rtol=0, atol=atol)
 
 
+@pytest.mark.parametrize("name", ENCODER_DECODERS)
+def test_decode_of_the_memory_equals_forward(name):
+    """decode(tgt, encode(src), src), verify's path through the memory, gives forward's logits:
+    the memory's padding (rows 1 and 2 of the batch) is masked as in forward."""
+    model = model_named(name)
+    src, tgt = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model.decode(tgt, model.encode(src), src), model(src, tgt),
+                                   rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_cache_reorder_moves_beams_within_their_sentence(name):
     """Beam search's reorder(index): 2 beams a sentence with different prefixes; then the
@@ -307,6 +333,24 @@ def test_cache_keep_drops_finished_sentences(name):
         full = model(src[kept].repeat_interleave(2, dim=0), tgt2[rows])
     for t, step in zip(range(2, tgt.size(1)), steps, strict=True):
         torch.testing.assert_close(step, full[:, t], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_decode_steps_past_the_caches_first_room(name):
+    """70 target positions, step by step, equal the full forward at every one: scratch's cache
+    starts with room for 32 (decoder.CAPACITY) and grows to 64, then 128, keeping what it
+    held; a row's padding in the middle of its target changes nothing either."""
+    cfg = dataclasses.replace(SMALL, max_len=80)
+    torch.manual_seed(0)
+    model = build_model(name, cfg, SRC_V, TGT_V, PAD).double().eval()
+    src = torch.tensor([[2, 11, 12, 13, 3], [2, 14, 3, PAD, PAD]])
+    tgt = torch.randint(4, TGT_V, (2, 70))
+    tgt[1, 40:] = PAD
+    with torch.no_grad():
+        full = model(src, tgt)
+        cache = model.init_cache(model.encode(src), src)
+        steps = torch.stack([model.decode_step(cache, tgt[:, t]) for t in range(70)], dim=1)
+    torch.testing.assert_close(steps, full, rtol=0, atol=1e-10)
 
 
 def test_attention_maps_mask_exactly():
@@ -413,6 +457,27 @@ def test_a_layer_returns_its_weights_only_when_asked():
         assert attn(x, keep, need_weights=True)[1].shape == (2, 2, 5, 5)
 
 
+def test_every_scratch_block_returns_weights_only_when_asked():
+    """Called with their defaults, the stacks, their layers and the model's encoded/decoded run
+    the fused kernel and return no weights: only attention_maps pays for them."""
+    _, scratch = pair()
+    src, tgt = padded_batch()
+    layer = scratch.decoder.layers[0]
+    with torch.no_grad():
+        memory, src_bias, encoded = scratch.encoded(src)
+        x, y = scratch.embed_src(src), scratch.embed_tgt(tgt)
+        tgt_bias = bias(scratch.tgt_mask(tgt), y)
+        _, decoded_self, decoded_cross = scratch.decoded(tgt, memory, src_bias)
+        _, stack_self, stack_cross = scratch.decoder(y, memory, tgt_bias, src_bias)
+        _, layer_weights = layer(y, layer.cross_attn.project_memory(memory), tgt_bias, src_bias)
+        assert encoded == scratch.encoder(x, src_bias)[1] == [None, None]
+        assert scratch.encoder.layers[0](x, src_bias)[1] is None
+        assert decoded_self == decoded_cross == stack_self == stack_cross == [None] * 3
+        assert layer_weights == (None, None)
+        maps = scratch.attention_maps(src, tgt)  # and when asked, every layer's
+    assert all(w.shape[:2] == (3, SMALL.nhead) for ws in maps.values() for w in ws)
+
+
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_fused_equals_math(dtype, atol):
     _, scratch = pair(dtype=dtype)
@@ -438,16 +503,20 @@ def test_extra_padding_changes_nothing(name):
 
 
 def test_positions_identical_and_bounded():
+    """The twins' sinusoid tables are one table; a sequence of max_len positions fits and one
+    more is refused."""
     baseline, scratch = pair()
     torch.testing.assert_close(scratch.pos.table, baseline.positional_encoding.pos_embedding,
                                rtol=0, atol=0)
     table = scratch.pos.table
     assert table[0, 0::2].abs().max() == 0 and (table[0, 1::2] == 1).all()
     assert math.isclose(table[3, 0].item(), math.sin(3.0), abs_tol=1e-7)  # float32 table
-    too_long = torch.full((1, SMALL.max_len + 1), 5)
+    longest = torch.full((1, SMALL.max_len), 5)  # max_len positions fit; one more does not
     for model in (baseline, scratch):
+        with torch.no_grad():
+            assert model.encode(longest).shape == (1, SMALL.max_len, SMALL.d_model)
         with pytest.raises(ValueError, match="max_len"):
-            model.encode(too_long)
+            model.encode(torch.full((1, SMALL.max_len + 1), 5))
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
@@ -515,13 +584,16 @@ def test_dropout_mask_keeps_each_element_alone_with_its_probability():
 
 def test_dropout_mask_is_the_seeded_generators():
     """The mask comes from torch's default generator: a seed repeats it (what bit-identical
-    resume relies on), and different shapes of the same size draw the same elements."""
+    resume relies on), and different shapes of the same size draw the same elements. On a CPU
+    it is keep_mask's, four elements a draw (not nn.Dropout's, a draw each)."""
     drop = Dropout(0.5).train()
     torch.manual_seed(3)
     a = drop(torch.ones(6, 7))
     torch.manual_seed(3)
     assert torch.equal(drop(torch.ones(42)).view(6, 7), a)
     assert not torch.equal(drop(torch.ones(6, 7)), a)
+    torch.manual_seed(3)
+    assert torch.equal(a != 0, keep_mask((6, 7), 0.5))
 
 
 def test_attention_drops_its_weights_with_the_cheap_mask_on_a_cpu():

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from nmt.models.config import ModelConfig
 from nmt.models.scratch.attention import MultiHeadAttention, beam_attention
 from nmt.models.scratch.dropout import Dropout
 from nmt.models.scratch.feed_forward import FeedForward
@@ -97,13 +98,13 @@ class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention over the memory, feed-forward; each post-norm,
     or pre-norm with norm_first (as in EncoderLayer)."""
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
-                 norm_first: bool = False, rotary: Rotary | None = None):
+    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None):
         super().__init__()
-        self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, nhead, dropout, rotary)
-        self.cross_attn = MultiHeadAttention(d_model, nhead, dropout)
-        self.ff = FeedForward(d_model, dim_feedforward, dropout)
+        d_model, dropout = cfg.d_model, cfg.dropout
+        self.norm_first = cfg.norm_first
+        self.self_attn = MultiHeadAttention(d_model, cfg.nhead, dropout, rotary)
+        self.cross_attn = MultiHeadAttention(d_model, cfg.nhead, dropout)
+        self.ff = FeedForward(d_model, cfg.dim_feedforward, dropout)
         self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
         self.dropout1, self.dropout2, self.dropout3 = (Dropout(dropout) for _ in range(3))
 
@@ -147,12 +148,11 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     """A stack of decoder layers and a final LayerNorm, as nn.TransformerDecoder has."""
 
-    def __init__(self, num_layers: int, d_model: int, nhead: int, dim_feedforward: int,
-                 dropout: float, norm_first: bool = False, rotary: Rotary | None = None):
+    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(d_model, nhead, dim_feedforward, dropout,
-                                                 norm_first, rotary) for _ in range(num_layers))
-        self.norm = nn.LayerNorm(d_model)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary)
+                                    for _ in range(cfg.num_decoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model)
 
     def forward(self, x, memory, tgt_mask, memory_mask, need_weights=False):
         """All positions at once: x (B, T, D), memory (B, S, D), the biases tgt_mask
@@ -166,8 +166,7 @@ class Decoder(nn.Module):
             cross_w.append(wc)
         return self.norm(x), self_w, cross_w
 
-    def init_cache(self, memory: torch.Tensor, memory_bias: torch.Tensor,
-                   beams: int = 1) -> KVCache:
+    def init_cache(self, memory: torch.Tensor, memory_bias: torch.Tensor, beams: int) -> KVCache:
         """Project the memory's keys and values once for every layer; room for the target's
         keys and values of `beams` rows a sentence; empty prefix."""
         cross_kv = [[t.contiguous() for t in layer.cross_attn.project_memory(memory)]

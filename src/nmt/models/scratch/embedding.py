@@ -5,6 +5,7 @@ import math
 import torch
 import torch.nn as nn
 
+from nmt.models.config import ModelConfig
 from nmt.models.scratch.dropout import Dropout
 
 
@@ -33,16 +34,17 @@ class Embeddings(nn.Module):
 
 
 class PositionalEncoding(nn.Module):
-    """Adds the sinusoid of each position (unless sinusoidal=False: rotary positions act in
-    attention instead), then dropout."""
+    """Adds the sinusoid of each position (with cfg.positions "rotary", none: the positions act
+    in attention instead), then dropout."""
 
-    def __init__(self, d_model: int, dropout: float, max_len: int, sinusoidal: bool = True):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.max_len = max_len
+        self.max_len = cfg.max_len
         # Not persistent: a constant, so checkpoints hold only learned parameters.
-        table = sinusoids(max_len, d_model) if sinusoidal else None
+        sinusoidal = cfg.positions == "sinusoidal"
+        table = sinusoids(cfg.max_len, cfg.d_model) if sinusoidal else None
         self.register_buffer("table", table, persistent=False)
-        self.dropout = Dropout(dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x: (B, T, D) embeddings of positions offset .. offset + T - 1."""

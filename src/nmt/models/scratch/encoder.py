@@ -3,6 +3,7 @@
 import torch
 import torch.nn as nn
 
+from nmt.models.config import ModelConfig
 from nmt.models.scratch.attention import MultiHeadAttention
 from nmt.models.scratch.dropout import Dropout
 from nmt.models.scratch.feed_forward import FeedForward
@@ -13,12 +14,12 @@ class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each as LayerNorm(x + Dropout(sublayer(x))) (post-norm),
     or with norm_first as x + Dropout(sublayer(LayerNorm(x))) (pre-norm)."""
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
-                 norm_first: bool = False, rotary: Rotary | None = None):
+    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None):
         super().__init__()
-        self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, nhead, dropout, rotary)
-        self.ff = FeedForward(d_model, dim_feedforward, dropout)
+        d_model, dropout = cfg.d_model, cfg.dropout
+        self.norm_first = cfg.norm_first
+        self.self_attn = MultiHeadAttention(d_model, cfg.nhead, dropout, rotary)
+        self.ff = FeedForward(d_model, cfg.dim_feedforward, dropout)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
 
@@ -38,12 +39,11 @@ class EncoderLayer(nn.Module):
 class Encoder(nn.Module):
     """A stack of encoder layers and a final LayerNorm, as nn.TransformerEncoder has."""
 
-    def __init__(self, num_layers: int, d_model: int, nhead: int, dim_feedforward: int,
-                 dropout: float, norm_first: bool = False, rotary: Rotary | None = None):
+    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(d_model, nhead, dim_feedforward, dropout,
-                                                 norm_first, rotary) for _ in range(num_layers))
-        self.norm = nn.LayerNorm(d_model)
+        self.layers = nn.ModuleList(EncoderLayer(cfg, rotary)
+                                    for _ in range(cfg.num_encoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False):
         """Memory (B, S, D) and each layer's self-attention weights (None unless needed)."""

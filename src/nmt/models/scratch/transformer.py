@@ -30,16 +30,13 @@ class ScratchTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
                  pad_id: int = 1):
         super().__init__()
-        d_model, nhead, ff, dropout = cfg.d_model, cfg.nhead, cfg.dim_feedforward, cfg.dropout
+        d_model = cfg.d_model
         self.pad_id = pad_id
         self.src_embed = Embeddings(src_vocab_size, d_model)
         self.tgt_embed = Embeddings(tgt_vocab_size, d_model)
-        rotary = Rotary(d_model // nhead, cfg.max_len) if cfg.positions == "rotary" else None
-        self.pos = PositionalEncoding(d_model, dropout, cfg.max_len, sinusoidal=rotary is None)
-        self.encoder = Encoder(cfg.num_encoder_layers, d_model, nhead, ff, dropout, cfg.norm_first,
-                               rotary)
-        self.decoder = Decoder(cfg.num_decoder_layers, d_model, nhead, ff, dropout, cfg.norm_first,
-                               rotary)
+        self.pos = PositionalEncoding(cfg)
+        rotary = Rotary(d_model // cfg.nhead, cfg.max_len) if cfg.positions == "rotary" else None
+        self.encoder, self.decoder = Encoder(cfg, rotary), Decoder(cfg, rotary)
         self.generator = nn.Linear(d_model, tgt_vocab_size)
         if cfg.tie_embeddings:  # one matrix for source, target and output tokens
             self.tgt_embed.token.weight = self.src_embed.token.weight
