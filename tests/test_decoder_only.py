@@ -13,6 +13,7 @@ from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
 from nmt.core.decoding import DecodeConfig, output_limits, translate_batches
 from nmt.core.loss import token_loss
 from nmt.models import ModelConfig, build_model
+from nmt.models.baseline import plain_path
 from nmt.models.decoder_only import (
     DecoderOnlyTransformer,
     LayerNorm,
@@ -20,12 +21,14 @@ from nmt.models.decoder_only import (
     decoder_only_layers,
     decoder_only_param_count,
     encoder_decoder_param_count,
+    packed_mask,
 )
 from nmt.models.decoder_only import block as block_module
 from nmt.models.decoder_only import model as model_module
+from nmt.models.masks import bias
 from nmt.stages.verify import decoder_only, properties
 from synthetic import synthetic_batches
-from test_models import padded_batch
+from test_models import OpCount, padded_batch
 from test_verify import assert_fails_exactly
 
 CFG = ModelConfig(num_encoder_layers=1, num_decoder_layers=1, d_model=32, nhead=4,
@@ -77,6 +80,9 @@ def test_layer_norm_is_nn_layer_norm_and_the_std_variant_is_not():
             flat.var(-1, unbiased=False, keepdim=True).sqrt() + ours.eps) + ours.bias
         assert verify.max_abs_diff(biased_outside, ref(flat)) > 1e-3
         torch.testing.assert_close(ours(flat), ref(flat), rtol=0, atol=1e-12)
+        wide, wide_ref = LayerNorm(d, eps=0.5).double(), nn.LayerNorm(d, eps=0.5).double()
+        torch.testing.assert_close(wide(flat), wide_ref(flat), rtol=0, atol=1e-12)  # its eps
+        torch.testing.assert_close(wide.written_out(flat), wide_ref(flat), rtol=0, atol=1e-12)
 
 
 # --- layout, shapes, masks ---------------------------------------------------------------
@@ -93,7 +99,7 @@ def test_shapes_and_attention_maps(cfg):
         cache = model.init_cache(model.encode(src), src)
         assert model.decode_step(cache, tgt[:, 0]).shape == (B, v)
         maps = model.attention_maps(src, tgt)
-    assert [len(maps[k]) for k in maps] == [L] * 4
+    assert set(maps) == {"self", "decoder_cross"} and [len(maps[k]) for k in maps] == [L] * 2
     assert [w.shape for w in maps["decoder_cross"]] == [(B, H, T, S)] * L
     assert [w.shape for w in maps["self"]] == [(B, H, S + T, S + T)] * L
     # Exactly the allowed keys get weight: real ones, the source block both ways in prefix
@@ -108,6 +114,19 @@ def test_shapes_and_attention_maps(cfg):
         torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
     for w, full in zip(maps["decoder_cross"], maps["self"], strict=True):
         assert torch.equal(w, full[:, :, S:, :S])
+
+
+def test_every_block_returns_weights_only_when_asked():
+    """Called with their defaults, states, the stack, a block and its attention run the fused
+    kernel and return no weights: only attention_maps pays for them."""
+    model = tiny()
+    src, tgt = padded_batch()
+    block = model.stack.layers[0]
+    with torch.no_grad():
+        x = model.embed_packed(src, tgt)
+        mask = bias(packed_mask(src, tgt, PAD_ID, prefix=True), x)
+        assert model.states(src, tgt)[2] == model.stack(x, mask)[2] == [None] * model.num_layers
+        assert block(x, mask)[2] is None and block.attn(x, mask)[2] is None
 
 
 def test_table_layout_tied_and_untied():
@@ -157,6 +176,47 @@ def test_padding_and_cache_exact(cfg):
         torch.testing.assert_close(model(src, tgt), fused, rtol=0, atol=1e-12)
 
 
+def test_the_stack_is_torchs_pre_norm_encoder():
+    """GPT-2's layout, checked against torch's own: from the same weights and mask, the stack
+    over [source | target] computes what nn.TransformerEncoder of pre-norm layers (norm_first,
+    ReLU) and a final LayerNorm computes."""
+    cfg = dataclasses.replace(CFG, decoder_only_layers=2)
+    model = tiny(cfg)
+    src, tgt = padded_batch()
+    layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.nhead, cfg.dim_feedforward, dropout=0.0,
+                                       batch_first=True, norm_first=True)
+    reference = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(cfg.d_model),
+                                      enable_nested_tensor=False).double().eval()
+    names = {"self_attn.in_proj_": "attn.qkv.", "self_attn.out_proj.": "attn.out.",
+             "linear1.": "ff.w1.", "linear2.": "ff.w2.", "norm1.": "norm1.", "norm2.": "norm2."}
+    ours = model.stack.state_dict()
+    weights = {"norm.weight": ours["norm.weight"], "norm.bias": ours["norm.bias"]}
+    for i in range(2):
+        for theirs, mine in names.items():
+            for kind in ("weight", "bias"):
+                weights[f"layers.{i}.{theirs}{kind}"] = ours[f"layers.{i}.{mine}{kind}"]
+    reference.load_state_dict(weights)
+    with torch.no_grad(), plain_path():
+        x = model.embed_packed(src, tgt)
+        (B, n, _), H = x.shape, cfg.nhead
+        mask = bias(packed_mask(src, tgt, PAD_ID, prefix=True), x).expand(B, H, n, n)
+        want = reference(x, mask=mask.reshape(B * H, n, n))
+        torch.testing.assert_close(model.states(src, tgt)[0], want, rtol=0, atol=1e-10)
+
+
+def test_set_fused_attention_switches_the_kernel():
+    """True: torch's fused attention kernel in every layer; False: the math path (softmax)."""
+    model = tiny()
+    src, tgt = padded_batch()
+    for fused in (False, True):
+        model.set_fused_attention(fused)
+        with OpCount() as count, torch.no_grad():
+            model(src, tgt)
+        assert count.ops["_scaled_dot_product_flash_attention_for_cpu"] == (
+            model.num_layers if fused else 0)
+        assert count.ops["_softmax"] == (0 if fused else model.num_layers)
+
+
 def test_prefix_and_causal_differ_over_the_source_only():
     """Same weights: the modes differ (prefix: earlier source positions see later ones)."""
     prefix, causal = tiny(CFG), tiny(CAUSAL)
@@ -170,14 +230,20 @@ def test_prefix_and_causal_differ_over_the_source_only():
 
 
 def test_length_limits():
+    """Source and target each up to max_len tokens, in forward as in decode_step; one more is
+    refused, naming the side."""
     model = tiny()
-    ok = torch.full((1, CFG.max_len), 5)
+    ok, long = torch.full((1, CFG.max_len), 5), torch.full((1, CFG.max_len + 1), 5)
     with torch.no_grad():
         assert model(ok, ok).shape == (1, CFG.max_len, TGT_V)  # positions up to 2 max_len - 1
-        for src, tgt in ((torch.full((1, CFG.max_len + 1), 5), ok[:, :2]),
-                         (ok[:, :2], torch.full((1, CFG.max_len + 1), 5))):
-            with pytest.raises(ValueError, match="max_len"):
+        for src, tgt, side in ((long, ok[:, :2], "source"), (ok[:, :2], long, "target")):
+            with pytest.raises(ValueError, match=f"^{side} of {CFG.max_len + 1} positions"):
                 model(src, tgt)
+        cache = model.init_cache(model.encode(ok), ok)
+        for t in range(CFG.max_len):
+            model.decode_step(cache, ok[:, t])
+        with pytest.raises(ValueError, match=f"^target of {CFG.max_len + 1} positions"):
+            model.decode_step(cache, ok[:, 0])
 
 
 # --- sizes -------------------------------------------------------------------------------

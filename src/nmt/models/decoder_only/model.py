@@ -155,14 +155,11 @@ class DecoderOnlyTransformer(nn.Module):
 
     def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict:
         """Per-head weights of every layer from the math path: "self" over [source | target]
-        (B, H, S+T, S+T) and its blocks "source_self" (B, H, S, S), "target_self" (B, H, T, T)
-        and "decoder_cross" (B, H, T, S), target queries over source keys."""
+        (B, H, S+T, S+T) and its block "decoder_cross" (B, H, T, S), target queries over
+        source keys (what evaluate draws)."""
         _, _, weights = self.states(src, tgt_in, need_weights=True)
         S = src.size(1)
-        return {"self": weights,
-                "source_self": [w[:, :, :S, :S] for w in weights],
-                "target_self": [w[:, :, S:, S:] for w in weights],
-                "decoder_cross": [w[:, :, S:, :S] for w in weights]}
+        return {"self": weights, "decoder_cross": [w[:, :, S:, :S] for w in weights]}
 
     def set_fused_attention(self, enabled: bool) -> None:
         """Use F.scaled_dot_product_attention (True) or the explicit math path (False)."""
