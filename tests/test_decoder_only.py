@@ -18,6 +18,7 @@ from nmt.models.decoder_only import (
     DecoderOnlyTransformer,
     LayerNorm,
     SelfAttention,
+    block_param_count,
     decoder_only_layers,
     decoder_only_param_count,
     encoder_decoder_param_count,
@@ -26,6 +27,7 @@ from nmt.models.decoder_only import (
 from nmt.models.decoder_only import block as block_module
 from nmt.models.decoder_only import model as model_module
 from nmt.models.masks import bias
+from nmt.models.scratch.embedding import sinusoids
 from nmt.stages.verify import decoder_only, properties
 from synthetic import synthetic_batches
 from test_models import OpCount, padded_batch
@@ -127,6 +129,29 @@ def test_every_block_returns_weights_only_when_asked():
         mask = bias(packed_mask(src, tgt, PAD_ID, prefix=True), x)
         assert model.states(src, tgt)[2] == model.stack(x, mask)[2] == [None] * model.num_layers
         assert block(x, mask)[2] is None and block.attn(x, mask)[2] is None
+
+
+@pytest.mark.parametrize("cfg", [CFG, TIED], ids=["untied", "tied"])
+def test_the_packed_embedding_by_hand(cfg):
+    """[source | target] rows of the table times sqrt(d_model), plus the sinusoid of each
+    token's position: a source token its index, a target token its row's real source length
+    plus its index (<bos> read as <sep>, the last row)."""
+    v = SRC_V if cfg.tie_embeddings else TGT_V
+    model = tiny(cfg, SRC_V, v)
+    src, tgt = padded_batch()
+    lengths = (src != PAD_ID).sum(1).tolist()  # 7, 4, 3
+    offset = 0 if cfg.tie_embeddings else SRC_V
+    table, d = model.embed.token.weight, cfg.d_model
+    sines = sinusoids(2 * cfg.max_len, d).double()
+    want = torch.zeros(src.size(0), src.size(1) + tgt.size(1), d, dtype=torch.float64)
+    for b in range(src.size(0)):
+        for i, token in enumerate(src[b].tolist()):
+            want[b, i] = table[token] * math.sqrt(d) + sines[i]
+        for j, token in enumerate(tgt[b].tolist()):
+            row = offset + v if token == BOS_ID else offset + token
+            want[b, src.size(1) + j] = table[row] * math.sqrt(d) + sines[lengths[b] + j]
+    with torch.no_grad():
+        torch.testing.assert_close(model.embed_packed(src, tgt), want, rtol=0, atol=1e-12)
 
 
 def test_table_layout_tied_and_untied():
@@ -278,6 +303,17 @@ def test_derived_layers_match_the_encoder_decoder_within_10_percent(size):
         assert abs(r - 1) >= abs(ratio - 1)
     assert decoder_only_layers(dataclasses.replace(cfg, decoder_only_layers=5), src_v,
                                tgt_v) == 5
+
+
+def test_a_layer_count_set_or_derived_is_at_least_one():
+    """decoder_only_layers: 1 is taken as it is; an encoder-decoder too small for one block
+    (no layers, its embeddings near the joint table's size) still gets one."""
+    assert decoder_only_layers(dataclasses.replace(CFG, decoder_only_layers=1), SRC_V, TGT_V) == 1
+    none = dataclasses.replace(CFG, num_encoder_layers=0, num_decoder_layers=0)
+    budget = (encoder_decoder_param_count(none, SRC_V, TGT_V)
+              - decoder_only_param_count(none, SRC_V, TGT_V, num_layers=0))
+    assert budget < block_param_count(none) / 2  # the nearest count of blocks would be 0
+    assert decoder_only_layers(none, SRC_V, TGT_V) == 1
 
 
 def test_tuned_size_model_has_the_formula_count():

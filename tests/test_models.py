@@ -198,6 +198,16 @@ def test_interface_shapes(name):
             assert model.decode(tgt, memory, src).shape == (B, T, TGT_V)
 
 
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_a_checkpoint_holds_the_learned_parameters_only(name):
+    """Every model's state dict is its parameters (tied ones under each name): the position
+    tables are constants, rebuilt by the model, not saved (nor demanded) in a checkpoint."""
+    for cfg in (SMALL, dataclasses.replace(SMALL, tie_embeddings=True)):
+        model = build_model(name, cfg, SRC_V, SRC_V, PAD)
+        params = dict(model.named_parameters(remove_duplicate=False))
+        assert model.state_dict().keys() == params.keys()
+
+
 def test_same_parameter_count_and_init_distribution():
     torch.manual_seed(1)
     baseline = build_model("baseline", SMALL, SRC_V, TGT_V)
