@@ -14,7 +14,7 @@ import torch
 from conftest import REPO
 from nmt.cli import main
 from nmt.commands import data_bench
-from nmt.core.codecs import load_codecs
+from nmt.core.codecs import SPECIALS, Vocab, WordCodec, load_codecs
 from nmt.core.data import (
     BUCKET_POOL,
     Batches,
@@ -23,6 +23,7 @@ from nmt.core.data import (
     collate,
     load_pairs,
     padding_fraction,
+    read_side,
     sentence_batches,
     token_batches,
 )
@@ -118,6 +119,7 @@ def test_compact_pairs_behave_like_the_list(both):
     pairs, listed = both
     assert len(pairs) == len(listed) and list(pairs) == listed
     assert pairs[5] == listed[5] and pairs[-1] == listed[-1]
+    assert pairs[-len(pairs)] == listed[0]  # as a list: every index from -len to len - 1
     assert isinstance(pairs[5], tuple) and isinstance(pairs[5][0], list)
     head = pairs[:100]
     assert isinstance(head, Pairs) and list(head) == listed[:100]
@@ -295,3 +297,66 @@ def test_pairs_cut_to_max_len_are_counted_once(prepared, caplog):
         f"and <eos>) on the source side ({sources}) or the target side ({targets}); each keeps "
         "its first 10 tokens (fix, to keep them whole: raise model.max_len)")
     assert max(len(s) for s, _ in cut) == 12 == max(len(t) for _, t in cut)
+
+
+# --- small cases by hand: a side file, a Batches' defaults and epochs ---------------------
+
+
+def test_a_side_reads_as_int32_ids_cut_to_max_len_and_an_empty_one_as_none(tmp_path):
+    """read_side: <bos> ids <eos> a line, in one int32 array (4 bytes an id), a line too long
+    for max_len cut to its first max_len - 2 tokens and marked; an empty file: no sentences."""
+    codec = WordCodec(Vocab([*SPECIALS, "a", "b", "c"]), "de")
+    (tmp_path / "x.de.tok").write_text("a b\nc a b c\n\n")
+    side, cut = read_side(tmp_path / "x.de.tok", codec, max_len=4)
+    assert [side[i] for i in range(len(side))] == [[2, 4, 5, 3], [2, 6, 4, 3], [2, 3]]
+    assert side.ids.dtype == np.int32 and cut.tolist() == [False, True, False]
+    (tmp_path / "empty.de.tok").write_text("")
+    side, cut = read_side(tmp_path / "empty.de.tok", codec, max_len=4)
+    assert len(side) == 0 and side.ids.dtype == np.int32 and cut.shape == (0,)
+
+
+PAIRS = [([2, 5, 3], [2, 6, 6, 3]), ([2, 5, 5, 5, 3], [2, 3]), ([2, 3], [2, 6, 3]),
+         ([2, 5, 5, 3], [2, 6, 6, 6, 6, 3]), ([2, 5, 3], [2, 3])]
+
+
+def test_batches_iterate_epoch_after_epoch_from_the_seed():
+    """Pass k over a Batches is indices(k), reshuffled from (seed, k); with shuffle off, the
+    pairs in order every pass."""
+    batches = Batches(PAIRS, "sentences", 2, 0, shuffle=True, seed=5)
+    for epoch in range(4):
+        want = sentence_batches(len(PAIRS), 2, random.Random(5 + epoch))
+        assert batches.indices(epoch) == want
+        assert [src.tolist() for src, _ in batches] == [
+            collate([PAIRS[i] for i in idx])[0].tolist() for idx in want]
+        assert batches.epoch == epoch + 1
+    unshuffled = Batches(PAIRS, "sentences", 2, 0, shuffle=False)
+    assert unshuffled.indices(0) == unshuffled.indices(1) == [[0, 1], [2, 3], [4]]
+
+
+def test_a_pad_multiple_without_max_len_has_no_limit():
+    """Batches and Sentences.padded, as collate: lengths rounded up to pad_multiple, with no
+    limit unless max_len is given; padded() by default pads to the longest sentence only."""
+    pairs = Pairs.of(PAIRS)
+    src, tgt = Batches(PAIRS, "sentences", 5, 0, shuffle=False, pad_multiple=4).batch([0, 1])
+    assert src.shape == (2, 8) and tgt.shape == (2, 4)
+    assert pairs.src.padded([0, 4]).tolist() == collate([PAIRS[0], PAIRS[4]])[0].tolist()
+    assert pairs.src.padded([0, 4]).shape == (2, 3)
+
+
+@pytest.mark.parametrize("batch_by,bucket", [("sentences", True), ("tokens", False)])
+def test_batches_for_training_are_the_recipes(batch_by, bucket):
+    """for_training: the recipe's batch_by, batch_size, max_tokens and bucket, shuffled from
+    the seed, padded to pad_multiple up to max_len: the Batches written out."""
+    train = {"batch_by": batch_by, "batch_size": 2, "max_tokens": 12, "bucket": bucket}
+    got = Batches.for_training(PAIRS, train, seed=9, pad_multiple=4, max_len=5)
+    want = Batches(PAIRS, batch_by, 2, 12, shuffle=True, seed=9, bucket=bucket, pad_multiple=4,
+                   max_len=5)
+    for epoch in (0, 1):
+        assert got.indices(epoch) == want.indices(epoch)
+    assert got.indices(0) != Batches(PAIRS, batch_by, 2, 12, shuffle=True, seed=10,
+                                     bucket=bucket).indices(0)
+    for idx in want.indices(0):
+        assert all(a.equal(b) for a, b in zip(got.batch(idx), want.batch(idx), strict=True))
+    plain = Batches.for_training(PAIRS, train, seed=9)  # no rounding, no limit by default
+    assert [len(plain.batch(idx)[0][0]) for idx in plain.indices(0)] == [
+        max(len(PAIRS[i][0]) for i in idx) for idx in plain.indices(0)]
