@@ -22,6 +22,8 @@ from nmt.core.data import (
     bucketed_sentence_batches,
     collate,
     load_pairs,
+    pad,
+    padded_length,
     padding_fraction,
     read_side,
     sentence_batches,
@@ -360,3 +362,27 @@ def test_batches_for_training_are_the_recipes(batch_by, bucket):
     plain = Batches.for_training(PAIRS, train, seed=9)  # no rounding, no limit by default
     assert [len(plain.batch(idx)[0][0]) for idx in plain.indices(0)] == [
         max(len(PAIRS[i][0]) for i in idx) for idx in plain.indices(0)]
+
+
+def test_padded_length_and_pad_by_hand():
+    """Rounded up to the multiple; where that would cross the limit (the positions table),
+    the limit, or the longest length itself if longer; by default the longest length."""
+    cases = {(5, 1, 0): 5, (5, 8, 0): 8, (5, 8, 20): 8, (16, 8, 16): 16, (17, 8, 20): 20,
+             (23, 8, 20): 23, (5, 1, 3): 5}
+    assert {args: padded_length(*args) for args in cases} == cases
+    assert padded_length(5) == 5 and padded_length(5, 4) == 8
+    assert pad([[2, 5, 3], [2, 3]]).tolist() == [[2, 5, 3], [2, 3, 1]]  # to the longest
+
+
+def test_a_side_without_text_is_refused_and_one_with_text_is_not(tmp_path):
+    """load_pairs: a side whose lines are all empty (<bos> <eos> each) is one clear error; a
+    side with a word on any line loads."""
+    codecs = [WordCodec(Vocab([*SPECIALS, "a"]), lang) for lang in ("de", "en")]
+    for lines, text in ((3, True), (3, False), (1, False)):
+        (tmp_path / "train.de.tok").write_text("a\n" * lines)
+        (tmp_path / "train.en.tok").write_text(("a\n" if text else "\n") * lines)
+        if text:
+            assert len(load_pairs(tmp_path, "train", *codecs, 10)) == lines
+        else:
+            with pytest.raises(NmtError, match="holds no text"):
+                load_pairs(tmp_path, "train", *codecs, 10)

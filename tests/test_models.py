@@ -13,6 +13,7 @@ import math
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -138,6 +139,36 @@ def test_the_registry_and_the_light_layers_import_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False"]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_every_model_builds_without_a_warning(norm_first):
+    """nn.Transformer warns, for pre-norm layers, that it will not use nested tensors: as
+    wanted, so the baseline keeps that one warning from the user."""
+    cfg = dataclasses.replace(SMALL, norm_first=norm_first)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in MODEL_NAMES:
+            build_model(name, cfg, SRC_V, TGT_V)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_build_models_special_ids_reach_the_model(name):
+    """build_model's pad_id (and bos_id, for a model that reads it) are the ids the model
+    masks and reads: a batch written with <pad> = 7 (and targets starting with <bos> = 9)
+    gives, at every real target position, the logits of the pipeline's ids (1 and 2)."""
+    torch.manual_seed(0)
+    ours = build_model(name, SMALL, SRC_V, TGT_V).double().eval()
+    theirs = build_model(name, SMALL, SRC_V, TGT_V, pad_id=7, bos_id=9).double().eval()
+    theirs.load_state_dict(ours.state_dict())
+    src, tgt = padded_batch()
+    bos = 9 if registry.entry(name).reads_bos else 2
+    their_tgt = torch.where(tgt == PAD, 7, tgt)
+    their_tgt[:, 0] = bos
+    with torch.no_grad():
+        want, got = ours(src, tgt), theirs(torch.where(src == PAD, 7, src), their_tgt)
+    real = tgt != PAD
+    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
