@@ -314,7 +314,7 @@ def test_a_side_reads_as_int32_ids_cut_to_max_len_and_an_empty_one_as_none(tmp_p
     assert side.ids.dtype == np.int32 and cut.tolist() == [False, True, False]
     (tmp_path / "empty.de.tok").write_text("")
     side, cut = read_side(tmp_path / "empty.de.tok", codec, max_len=4)
-    assert len(side) == 0 and side.ids.dtype == np.int32 and cut.shape == (0,)
+    assert len(side) == len(side.ids) == 0 and side.ids.dtype == np.int32 and cut.shape == (0,)
 
 
 PAIRS = [([2, 5, 3], [2, 6, 6, 3]), ([2, 5, 5, 5, 3], [2, 3]), ([2, 3], [2, 6, 3]),
