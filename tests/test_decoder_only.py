@@ -12,7 +12,7 @@ from nmt.core import checkpoint
 from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
 from nmt.core.decoding import DecodeConfig, output_limits, translate_batches
 from nmt.core.loss import token_loss
-from nmt.models import ModelConfig, build_model
+from nmt.models import ModelConfig, build_model, mapping
 from nmt.models.baseline import plain_path
 from nmt.models.decoder_only import (
     DecoderOnlyTransformer,
@@ -212,15 +212,11 @@ def test_the_stack_is_torchs_pre_norm_encoder():
                                        batch_first=True, norm_first=True)
     reference = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(cfg.d_model),
                                       enable_nested_tensor=False).double().eval()
-    names = {"self_attn.in_proj_": "attn.qkv.", "self_attn.out_proj.": "attn.out.",
-             "linear1.": "ff.w1.", "linear2.": "ff.w2.", "norm1.": "norm1.", "norm2.": "norm2."}
-    ours = model.stack.state_dict()
-    weights = {"norm.weight": ours["norm.weight"], "norm.bias": ours["norm.bias"]}
-    for i in range(2):
-        for theirs, mine in names.items():
-            for kind in ("weight", "bias"):
-                weights[f"layers.{i}.{theirs}{kind}"] = ours[f"layers.{i}.{mine}{kind}"]
-    reference.load_state_dict(weights)
+    # the twins' renaming of an encoder layer (models.mapping), its attention named "attn" here
+    rules = [(ours.removeprefix("encoder."), theirs.removeprefix("transformer.encoder."))
+             for theirs, ours in mapping._layer("encoder", [("self_attn", "attn")], norms=2)]
+    reference.load_state_dict(mapping._rename(model.stack.state_dict(),
+                                              [*rules, ("norm.{p}", "norm.{p}")]))
     with torch.no_grad(), plain_path():
         x = model.embed_packed(src, tgt)
         (B, n, _), H = x.shape, cfg.nhead

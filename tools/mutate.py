@@ -228,8 +228,7 @@ def earlier(path: Path, text: list[str]) -> tuple[Counter, list[str], list[str]]
 def table_row(module: str, count: Counter) -> str:
     """One row of the table; the score counts the mutants that ran (not run: a module that
     `make mutate MODULE=...` has not reached yet)."""
-    scored = count["mutants"] - count["equivalent"] - sum(count[c] for c in APART) \
-        - count["not run"]
+    scored = count["mutants"] - count["not run"] - sum(count[c] for c in KINDS.values())
     score = f"{100 * count['killed'] / scored:.1f} %" if scored else "-"
     return f"| {module} | " + " | ".join(str(count[c]) for c in COLUMNS) + f" | {score} |"
 
