@@ -52,7 +52,8 @@ def reference_greedy(model, src_ids: list[int], limit: int) -> list[int]:
 
 
 def reference_beam(model, src_ids: list[int], k: int, alpha: float, limit: int) -> list[int]:
-    """Textbook beam search over Python lists: every hypothesis re-decoded from scratch."""
+    """Textbook beam search over Python lists: every hypothesis re-decoded from scratch, every
+    step searched up to the limit (no rule for stopping early), the best finished one kept."""
     src = torch.tensor([src_ids])
     alive, finished = [(0.0, [])], []  # (summed log-prob, tokens)
     for t in range(limit + 1):
@@ -66,8 +67,6 @@ def reference_beam(model, src_ids: list[int], k: int, alpha: float, limit: int) 
                 finished.append((score / ((5 + len(toks)) / 6) ** alpha, toks[:-1]))
         finished = sorted(finished, key=lambda c: -c[0])[:k]
         alive = [c for c in cands if c[1][-1] != EOS_ID][:k]
-        if len(finished) >= k:
-            break
     return max(finished, key=lambda c: c[0])[1]
 
 

@@ -9,6 +9,12 @@ Rules both searches share, so that beam_size=1 gives exactly the greedy output:
 - a sentence's output holds at most `limit` tokens: at that step only <eos> may follow;
 - beam scores are summed log-probabilities; a finished hypothesis of n tokens (counting its
   <eos>) is ranked by score / ((5 + n) / 6) ** alpha, the GNMT length penalty.
+
+A sentence's beam search ends when no alive hypothesis can still beat its best finished one,
+or at its limit: its output is the one that searching every step to the limit would give. (It
+used to end once K hypotheses had finished, fairseq's rule, which could return a hypothesis
+it knew to be worse: a model that had memorized a sentence said it greedily, while three beams
+that had taken one improbable token finished first and the beam output was the best of them.)
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ class Beams:
     alive: torch.Tensor  # (B, K, steps) their tokens
     fin_scores: torch.Tensor  # (B, K) the K best finished hypotheses: normalized scores
     fin_tokens: torch.Tensor  # (B, K, steps) and tokens
-    done: torch.Tensor  # (B,) K hypotheses finished, or the limit reached
+    done: torch.Tensor  # (B,) none alive can beat the best finished, or the limit reached
 
     def rows(self, keep: torch.Tensor) -> Beams:
         return Beams(*(getattr(self, f.name)[keep] for f in fields(self)))
@@ -98,6 +104,14 @@ class Beams:
     def best(self) -> torch.Tensor:
         """(B, steps) each sentence's best finished hypothesis."""
         return self.fin_tokens[torch.arange(len(self.sentence)), self.fin_scores.argmax(dim=1)]
+
+
+def reachable(s: Beams, length_penalty: float) -> torch.Tensor:
+    """(B,) the best normalized score any alive hypothesis can still finish with: a token's
+    log-probability only lowers a summed score, and the longest ending (limit tokens and the
+    <eos>) divides it by the largest penalty (alpha >= 0)."""
+    longest = (5 + s.limit + 1) / 6
+    return s.scores[:, 0] / longest ** length_penalty
 
 
 def beam_search(model, src: torch.Tensor, beam_size: int, length_penalty: float,
@@ -147,7 +161,7 @@ def beam_search(model, src: torch.Tensor, beam_size: int, length_penalty: float,
             s.alive[:, :, t] = tokens
             cache.reorder((torch.arange(B, device=device)[:, None] * K + beam).view(-1))
 
-            s.done |= (s.fin_scores.isfinite().sum(dim=1) >= K) | at_limit
+            s.done |= (s.fin_scores[:, 0] >= reachable(s, length_penalty)) | at_limit
             if (t + 1) % CHECK_EVERY == 0 and bool(s.done.any()):
                 # Finished sentences leave the batch: their beams cost no more steps.
                 out[s.sentence[s.done]] = s.best()[s.done]
