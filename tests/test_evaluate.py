@@ -14,9 +14,11 @@ from nmt.cli import main
 from nmt.core.checkpoint import load, save
 from nmt.core.codecs import UNK_ID, load_codecs
 from nmt.core.data import Batches, load_pairs
+from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.loss import corpus_loss
 from nmt.core.runs import Run
 from nmt.core.text import read_lines
+from nmt.core.unknowns import detokenize_outputs, source_surfaces
 from nmt.models import ModelConfig, build_model
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
@@ -97,11 +99,15 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
         assert about["testsets"][testset]["sentences"] == N_TEST
         assert m["ppl"] == pytest.approx(math.exp(m["loss"]))
         refs = read_lines(tokenized / f"{testset}.en.txt")
-        for method, key in (("beam", "bleu"), ("greedy", "bleu_greedy")):
+        assert_each_file_holds_its_search(run_dir, tokenized, prepared["word"], testset)
+        # This model's BLEU is about 0 both ways; its chrF tells the two searches apart.
+        assert m["chrf"] != pytest.approx(m["chrf_greedy"])
+        for method, suffix in (("beam", ""), ("greedy", "_greedy")):
             hyps = read_lines(run_dir / "translations" / f"{testset}.{method}.txt")
             assert len(hyps) == N_TEST
-            # The saved translations reproduce the score: nothing else went into it.
-            assert sacrebleu.corpus_bleu(hyps, [refs]).score == pytest.approx(m[key])
+            # The saved translations reproduce the scores: nothing else went into them.
+            assert sacrebleu.corpus_bleu(hyps, [refs]).score == pytest.approx(m[f"bleu{suffix}"])
+            assert sacrebleu.corpus_chrf(hyps, [refs]).score == pytest.approx(m[f"chrf{suffix}"])
             # Each <unk> was counted and copied from the source (evaluate.unknown_words: copy).
             assert about["testsets"][testset][f"unknowns_{method}"] >= 0
             assert not any("<unk>" in h for h in hyps)
@@ -117,6 +123,24 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
     weights = torch.tensor(attention["weights"])  # (output tokens, source tokens)
     assert weights.shape == (len(attention["output"]), len(attention["source"]))
     assert torch.allclose(weights.sum(1), torch.ones(len(weights)), atol=1e-3)  # rows sum to 1
+
+
+def assert_each_file_holds_its_search(run_dir, tokenized, vocab, testset: str) -> None:
+    """<testset>.beam.txt holds the beam search's output and .greedy.txt the greedy one's (the
+    metrics are their scores, checked above): both decoded again here, and told apart, since
+    this untrained model's two searches differ on some sentence."""
+    model, _ = load(run_dir / "best.pt")
+    codecs = load_codecs(vocab)
+    pairs = load_pairs(tokenized, testset, *codecs, TINY.max_len)
+    surfaces = source_surfaces(tokenized, testset, codecs[0])
+    said = {}
+    for method in ("greedy", "beam"):
+        ids = translate_batches(model, pairs, DecodeConfig.from_params(
+            tiny_params()["evaluate"], method, TINY.max_len - 1), progress=False)
+        said[method] = detokenize_outputs(model, [p[0] for p in pairs], surfaces, ids,
+                                          codecs[1], "copy").lines
+        assert read_lines(run_dir / "translations" / f"{testset}.{method}.txt") == said[method]
+    assert said["greedy"] != said["beam"]
 
 
 @pytest.mark.parametrize("kind,name", [("word", "baseline"), ("bpe", "scratch")])

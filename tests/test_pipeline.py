@@ -6,10 +6,13 @@ conftest.py); a second run must do nothing, and both must give the same numbers.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import re
 
 import pytest
+import yaml
 
 from tiny import check_report, run
 
@@ -51,6 +54,24 @@ def test_both_orchestrators_give_the_same_numbers(dvc_run, snakemake_run):
         for path in (dvc_run / "results" / name / "translations").iterdir():
             twin = snakemake_run / "results" / name / "translations" / path.name
             assert path.read_text() == twin.read_text(), path
+
+
+def test_every_run_is_scored_against_the_raw_test_set_lines(dvc_run, mirror):
+    """What each evaluation scored against (evaluation.json: lines and sha256) is the first
+    data.max_test_pairs lines of the mirror's <testset>.en.gz, byte for byte, after download
+    and tokenize (tests/test_headline.py scores an oracle against them)."""
+    params = yaml.safe_load((dvc_run / "params.yaml").read_text())
+    cut = params["data"]["max_test_pairs"]
+    expected = {}
+    for testset in params["evaluate"]["testsets"]:
+        lines = gzip.decompress((mirror / f"{testset}.en.gz").read_bytes()).split(b"\n")[:cut]
+        expected[testset] = {"lines": cut, "sha256": hashlib.sha256(
+            b"".join(line + b"\n" for line in lines)).hexdigest()}
+    evaluations = list((dvc_run / "results").glob("*/evaluation.json"))
+    assert len(evaluations) == 6  # 2 recipes x 3 models
+    for path in evaluations:
+        testsets = json.loads(path.read_text())["testsets"]
+        assert {t: testsets[t]["references"] for t in expected} == expected, path
 
 
 def test_the_orchestrators_own_reports(dvc_run, snakemake_run, tmp_path):

@@ -7,6 +7,7 @@ against the raw reference lines, the way published Multi30k numbers are computed
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import math
 import time
@@ -102,7 +103,8 @@ def score_testset(model, testset: TestSet, tgt_codec, ev: dict, cap: int, out: P
     loss = sum(losses) / sum(tokens)
     (out / f"{testset.name}.loss.tsv").write_text(
         "".join(f"{x!r}\t{n}\n" for x, n in zip(losses, tokens, strict=True)), "utf-8")
-    metrics, timings = {"loss": loss, "ppl": math.exp(loss)}, {"sentences": len(testset.pairs)}
+    metrics = {"loss": loss, "ppl": math.exp(loss)}
+    timings = {"sentences": len(testset.pairs), "references": lines_record(testset.references)}
     sources = [pair[0] for pair in testset.pairs]
     for method in ("greedy", "beam"):
         start = time.perf_counter()
@@ -119,6 +121,13 @@ def score_testset(model, testset: TestSet, tgt_codec, ev: dict, cap: int, out: P
         suffix = "" if method == "beam" else "_greedy"
         metrics |= {f"bleu{suffix}": s["bleu"], f"chrf{suffix}": s["chrf"]}
     return metrics, timings, Decoded(ids, text.lines, text.unknowns)
+
+
+def lines_record(lines: list[str]) -> dict:
+    """What BLEU and chrF were scored against: the line count and the sha256 of the lines, each
+    ended by a newline (so it is the file's own sha256 where the file holds just those lines)."""
+    digest = hashlib.sha256("".join(line + "\n" for line in lines).encode("utf-8"))
+    return {"lines": len(lines), "sha256": digest.hexdigest()}
 
 
 @torch.inference_mode()
