@@ -103,7 +103,8 @@ class Beams:
 
     def best(self) -> torch.Tensor:
         """(B, steps) each sentence's best finished hypothesis."""
-        return self.fin_tokens[torch.arange(len(self.sentence)), self.fin_scores.argmax(dim=1)]
+        rows = torch.arange(len(self.sentence), device=self.fin_tokens.device)
+        return self.fin_tokens[rows, self.fin_scores.argmax(dim=1)]
 
 
 def reachable(s: Beams, length_penalty: float) -> torch.Tensor:
