@@ -91,6 +91,7 @@ def chosen_lines(prepared: dict, case: Case, testset: str) -> list[int]:
     _, tgt_codec = load_codecs(prepared["word"])
     known = [i for i, t in enumerate(tokens) if UNK_ID not in tgt_codec.encode(t.split(" "))]
     hard = [i for i in known if i in differ][:2]
+    assert len(hard) == 2, "no sentence whose written line only detokenization gives back"
     return hard + [i for i in known if i not in hard][: SENTENCES - len(hard)]
 
 
