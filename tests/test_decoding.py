@@ -7,7 +7,16 @@ import torch
 import torch.nn.functional as F
 
 from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
-from nmt.core.decoding import DecodeConfig, beam_search, greedy, output_limits, translate_batches
+from nmt.core.decoding import (
+    CHECK_EVERY,
+    Beams,
+    DecodeConfig,
+    beam_search,
+    greedy,
+    output_limits,
+    reachable,
+    translate_batches,
+)
 from nmt.models import ModelConfig, build_model
 
 SRC_V, TGT_V = 40, 14  # a small target vocabulary: <eos> competes, ends come at many lengths
@@ -168,6 +177,35 @@ def test_batched_beam_equals_reference(name, k, alpha, n):
                  for s, n in zip(srcs, limits(srcs), strict=True)]
     assert batched == reference
     assert len({len(h) for h in batched}) > 1
+
+
+def test_reachable_is_the_best_score_any_ending_can_give():
+    """An alive hypothesis's summed score can only fall, so the best it can still finish with
+    is that score over the largest penalty of the lengths it may end at (its limit's tokens and
+    the <eos> at most): no looser (searching on for nothing), no tighter (stopping before a
+    better hypothesis ends). The best alive row bounds the sentence."""
+    scores = torch.tensor([[-3.0, -5.0], [-0.5, -math.inf], [-math.inf, -math.inf]])
+    limit, steps = torch.tensor([7, 20, 4]), 21
+    beams = Beams(torch.arange(3), limit, scores, torch.zeros(3, 2, steps, dtype=torch.long),
+                  torch.full((3, 2), -math.inf), torch.zeros(3, 2, steps, dtype=torch.long),
+                  torch.zeros(3, dtype=torch.bool))
+    for alpha in (0.0, 0.6, 2.0):
+        best = [max(row[0] / ((5 + n) / 6) ** alpha for n in range(1, int(cap) + 2))
+                for row, cap in zip(scores.tolist(), limit, strict=True)]
+        assert reachable(beams, alpha).tolist() == pytest.approx(best)
+
+
+def test_a_sentence_leaves_the_search_once_nothing_alive_can_win():
+    """A model that ends every sentence at once (<eos> all but certain): after the first step
+    the empty output's score (about 0) beats what any alive hypothesis (about -30) can reach,
+    so the sentence leaves at the first check, CHECK_EVERY steps in, not at its limit of 40."""
+    model, src = tiny_model("scratch"), torch.tensor(sources(1, seed=4))
+    with torch.no_grad():
+        model.generator.bias[EOS_ID] += 30
+    steps, decode_step = [], model.decode_step
+    model.decode_step = lambda *args: steps.append(1) or decode_step(*args)
+    assert beam_search(model, src, beam_size=3, length_penalty=0.6, max_len=40) == [[]]
+    assert len(steps) == CHECK_EVERY
 
 
 def test_beam_search_accepts_one_shared_limit():
