@@ -68,35 +68,34 @@ CASES = {
 }
 
 
-def bleu_below_100(tokens: str, written: str) -> bool:
-    """Whether the tokenized line scores below 100 against the written one (sacreBLEU's 13a
-    tokenizer splits "something ." and "something." alike, but not "man 's" and "man's")."""
-    return BLEU().corpus_score([tokens], [[written]]).score < 100
+def tokens_differ(prepared: dict, testset: str) -> set[int]:
+    """The lines of the test set whose spaCy tokens score below 100 against the written line
+    (sacreBLEU's 13a tokenizer splits "something ." and "something." alike, but not "man 's"
+    and "man's"): only detokenization gives the written line back."""
+    written = read_lines(prepared["tokenized"] / f"{testset}.en.txt")
+    tokens = read_lines(prepared["tokenized"] / f"{testset}.en.tok")
+    return {i for i, (w, t) in enumerate(zip(written, tokens, strict=True))
+            if BLEU().corpus_score([t], [[w]]).score < 100}
 
 
 def chosen_lines(prepared: dict, case: Case, testset: str) -> list[int]:
     """The line numbers of the test set the oracle memorizes. A word model says <unk> for a word
-    its vocabulary lacks, so it gets sentences whose every target word is known, those that
-    need detokenizing first; the BPE model gets the first lines, two of which it says tokenized
-    differently in sacreBLEU's eyes (checked)."""
-    written = read_lines(prepared["tokenized"] / f"{testset}.en.txt")
-    tokens = read_lines(prepared["tokenized"] / f"{testset}.en.tok")
-    differ = [i for i, (w, t) in enumerate(zip(written, tokens, strict=True))
-              if bleu_below_100(t, w)]
+    its vocabulary lacks, so it gets sentences whose every target word is known, those whose
+    tokens differ from the written line first; the BPE model gets the first lines."""
     if case.kind == "bpe":
-        lines = list(range(SENTENCES))
-        if case.says[testset] == "tokens":
-            assert len(set(lines) & set(differ)) >= 2, "no line whose tokens score below 100"
-        return lines
+        return list(range(SENTENCES))
     _, tgt_codec = load_codecs(prepared["word"])
+    tokens = read_lines(prepared["tokenized"] / f"{testset}.en.tok")
     known = [i for i, t in enumerate(tokens) if UNK_ID not in tgt_codec.encode(t.split(" "))]
+    differ = tokens_differ(prepared, testset)
     hard = [i for i in known if i in differ][:2]
-    assert len(hard) == 2, "no sentence whose written line only detokenization gives back"
     return hard + [i for i in known if i not in hard][: SENTENCES - len(hard)]
 
 
 def write_testsets(prepared: dict, case: Case, out: Path) -> dict[str, list[int]]:
-    """The chosen lines of each test set as a tokenized folder (.txt and .tok, both sides)."""
+    """The chosen lines of each test set as a tokenized folder (.txt and .tok, both sides).
+    At least two of them must differ from their tokens, or the case would test nothing of
+    detokenization (word) or of the tokenized references (BPE)."""
     out.mkdir()
     chosen = {testset: chosen_lines(prepared, case, testset) for testset in case.says}
     for testset, lines in chosen.items():
@@ -105,6 +104,9 @@ def write_testsets(prepared: dict, case: Case, out: Path) -> dict[str, list[int]
                 every = read_lines(prepared["tokenized"] / f"{testset}.{lang}.{ext}")
                 (out / f"{testset}.{lang}.{ext}").write_text(
                     "".join(every[i] + "\n" for i in lines), "utf-8")
+    checked = [t for t in case.says if case.kind == "word" or case.says[t] == "tokens"]
+    assert sum(len(tokens_differ(prepared, t) & set(chosen[t])) for t in checked) >= 2, \
+        "fewer than two chosen lines whose tokens differ from the written line"
     return chosen
 
 

@@ -255,9 +255,8 @@ class Engine:
         limit, <pad> and <bos> banned): all `beam` hypotheses of each, with their scores."""
         return self.translator.translate_batch(
             batch, beam_size=beam, num_hypotheses=beam, length_penalty=lp, patience=PATIENCE,
-            return_scores=True,
-            return_end_token=True, max_decoding_length=limit, min_decoding_length=0,
-            suppress_sequences=BANNED, max_input_length=0)
+            return_scores=True, return_end_token=True, max_decoding_length=limit,
+            min_decoding_length=0, suppress_sequences=BANNED, max_input_length=0)
 
     def pick_best(self, src: list[str], result, lp: float, alpha: float) -> list[int]:
         """The hypothesis nmt.core.decoding would return: summed log-probabilities (the engine's
