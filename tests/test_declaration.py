@@ -28,6 +28,7 @@ import yaml
 from conftest import REPO, edit_params
 from nmt import cli
 from nmt.pipeline import declaration, preflight, recipes
+from nmt.pipeline.declaration import code
 from tiny import run, scratch_copy
 
 STAGES = declaration.load(REPO / declaration.DECLARATION)
@@ -104,17 +105,61 @@ def test_every_stage_runs_the_shared_code_and_its_own_module_first():
         own = stage.code[len(shared):]
         assert stage.code[:len(shared)] == shared and own[0].startswith(f"stages/{name}"), name
         assert not set(own) & set(shared), name
-    # nmt.cli's top and main(): the guard every stage passes; not what one command or the
-    # tests' read recording (NMT_TRACK_READS) import
-    assert {"__init__.py", "cli.py", "stages/__init__.py", "pipeline/orchestrators.py",
-            "core/errors.py"} <= set(shared)
-    assert not {"pipeline/tracking.py", "core/runtime.py", "commands/translate.py",
-                "stages/train"} & set(shared)
-    assert not [c for c in shared if c.startswith("pipeline/declaration/")]
+    # params.yaml read into values, what every stage computes from; not its checks
+    assert shared == ["__init__.py", "pipeline/__init__.py", "pipeline/params_file.py"]
     assert STAGES["verify"].code[len(shared)] == "stages/verify"  # a package: its folder
     assert "models" in STAGES["train"].code and "models" not in STAGES["report"].code
-    # params validation reads the model registry, torch-free: its files, not the models unit
-    assert {"models/__init__.py", "models/config.py", "models/registry.py"} <= set(shared)
+
+
+# The command line around the computation: what an edit of it can change is what a command
+# says or refuses, never what a stage writes (issue 67).
+COMMAND_LINE_MODULES = ["cli.py", "pipeline/commandline.py", "pipeline/params.py",
+                        "pipeline/preflight.py", "pipeline/orchestrators.py",
+                        "pipeline/tracking.py", "core/errors.py"]
+
+
+def test_the_command_line_around_a_stage_is_no_stages_code():
+    commands = sorted(p.relative_to(REPO / "src" / "nmt").as_posix()
+                      for p in (REPO / "src" / "nmt" / "commands").glob("*.py"))
+    for name, stage in STAGES.items():
+        assert not set(stage.code) & set(COMMAND_LINE_MODULES + commands), name
+        assert "cli.py" in declaration.command_code(name, REPO / "src"), name
+    # The data stages compute with no model and no registry: registering a model is no edit
+    # of theirs.
+    for name in ("names", "config", "sources", "download", "tokenize", "vocab"):
+        assert not [c for c in STAGES[name].code if c.startswith(("models", "training")) or
+                    c == "core/checkpoint.py"], name
+
+
+def test_a_stage_modules_command_line_is_what_the_cli_reads_of_it():
+    """COMMAND_LINE, which the derivation leaves out, names every attribute nmt.cli asks of
+    a stage's module; each stage module starts its command line with one marked line, and
+    nothing of COMMAND_LINE sits above it."""
+    cli = (REPO / "src" / "nmt" / "cli.py").read_text()
+    names = {*re.findall(r"\bcode\.(\w+)", cli),
+             *re.findall(r'said\(\s*(?:args\.stage|name),\s*"(\w+)"', cli), "command"}
+    assert names == set(code.COMMAND_LINE), names ^ set(code.COMMAND_LINE)
+    for name in STAGES:
+        path = code.module_file(f"nmt.stages.{name}", REPO / "src")
+        lines = path.read_text().splitlines()
+        assert sum(bool(code.COMMAND_LINE_STARTS.match(line)) for line in lines) == 1, name
+        code.computation(path)  # raises for a COMMAND_LINE name above that line
+
+
+def test_a_command_line_name_above_the_marked_line_is_refused(tmp_path):
+    src = source_copy(tmp_path)
+    path = src / "nmt" / "stages" / "vocab.py"
+    path.write_text(path.read_text().replace("def build_vocab(",
+                                             "HELP = 'x'\n\n\ndef build_vocab(", 1))
+    with pytest.raises(ValueError, match="HELP above the command line"):
+        declaration.load(src.parent / declaration.DECLARATION)
+
+
+def test_modules_that_change_no_output_import_nothing_of_nmt():
+    """The derivation stops at NO_OUTPUT's modules: behind them would hide nothing."""
+    for module in code.NO_OUTPUT:
+        path = code.module_file(module, REPO / "src")
+        assert not code.imports(path, module), module
 
 
 @pytest.mark.parametrize("where, planted, stage, found", [
@@ -128,19 +173,36 @@ def test_a_planted_import_is_in_the_stages_derived_code(tmp_path, where, planted
     src = source_copy(tmp_path)
     assert found not in derived(src)[stage]
     target = src / "nmt" / where
-    # Inside a function, as a late import is: the parser finds those as well.
-    target.write_text(target.read_text() + f"\n\ndef planted():\n    {planted}\n")
+    # Inside a function, as a late import is: the parser finds those as well. In a stage's
+    # module, above its command line (a top-level import its computation uses counts too).
+    function = f"def planted():\n    {planted}\n\n\n"
+    text, marker = target.read_text(), "# ---- `nmt "
+    target.write_text(text.replace(marker, function + marker, 1) if marker in text
+                      else text + "\n\n" + function)
     code = derived(src)
     assert found in code[stage]
     assert found not in code["config"]  # no stage that does not reach the file gains it
 
 
-def test_a_planted_import_in_the_cli_is_every_stages(tmp_path):
+def test_a_planted_import_in_the_command_line_is_no_stages_and_in_the_reader_every_stages(
+        tmp_path):
+    """An import in nmt.cli's main(), which every command runs, or in a stage's `command`,
+    adds nothing to any stage's code (the command line's); one in what reads params.yaml
+    (SHARED) adds to every stage's."""
     src = source_copy(tmp_path)
     cli_file = src / "nmt" / "cli.py"
     main = "    keep_freed_memory()\n"  # the first line of main(), which every command runs
     cli_file.write_text(cli_file.read_text().replace(
         main, main + "    from nmt.core import stats\n", 1))
+    vocab = src / "nmt" / "stages" / "vocab.py"
+    vocab.write_text(vocab.read_text().replace(
+        "def command(args, params: dict) -> None:\n",
+        "def command(args, params: dict) -> None:\n    from nmt.core import engine\n", 1))
+    stages = declaration.load(src.parent / declaration.DECLARATION)
+    assert "core/engine.py" not in stages["vocab"].code
+    assert "core/stats.py" not in stages["vocab"].code
+    reader = src / "nmt" / "pipeline" / "params_file.py"
+    reader.write_text(reader.read_text() + "\n\ndef planted():\n    from nmt.core import stats\n")
     stages = declaration.load(src.parent / declaration.DECLARATION)
     assert all("core/stats.py" in s.shared_code for s in stages.values())
 
@@ -229,6 +291,8 @@ def toy(settings: dict, paths: Paths) -> None:
     write_text(paths.out, settings["toy"]["greeting"] + "\\n")
 
 
+# ---- `nmt toy`: nmt.cli builds the subcommand from HELP, arguments and command ----
+
 HELP = "Write toy.greeting to data/toy.txt."
 
 
@@ -299,7 +363,8 @@ def test_a_new_stage_needs_a_module_a_declaration_entry_and_its_params(tmp_path,
     lines = reads_of(reads)
     assert [line["stage"] for line in lines] == ["toy", "toy"]
     for line in lines:
-        assert module_names(line["modules"]) <= set(toy.code), line["modules"]
+        around = declaration.command_code("toy", root / "src")  # nmt.cli, the checks
+        assert module_names(line["modules"]) <= set(toy.code) | set(around), line["modules"]
         assert set(line["params"]) <= under(toy.params, params) and line["params"]
 
     # A change of its param re-runs it under both tools.

@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from nmt.core.runs import Run
-from nmt.pipeline.params import read_params
+from nmt.pipeline.params_file import read_params
 
 REPO = Path(__file__).resolve().parents[1]
 

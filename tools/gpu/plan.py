@@ -49,7 +49,8 @@ sys.path.insert(0, str(REPO / "src"))
 from nmt.core.codecs import load_codecs  # noqa: E402
 from nmt.core.data import Batches, load_pairs  # noqa: E402
 from nmt.core.runs import Run, runs  # noqa: E402
-from nmt.pipeline.params import load_params, read_yaml  # noqa: E402
+from nmt.pipeline.params import load_params  # noqa: E402
+from nmt.pipeline.params_file import read_yaml  # noqa: E402
 from nmt.pipeline.recipes import resolve  # noqa: E402
 
 FIRST = (Run("published", "baseline"), Run("published", "scratch"))  # the comparison itself

@@ -21,7 +21,7 @@ from nmt.core.files import not_a_folder
 from nmt.core.records import check_folder
 from nmt.pipeline.corpora.kinds import kind_of
 from nmt.pipeline.corpus import corpus_recipe, corpus_settings
-from nmt.pipeline.params import read_yaml
+from nmt.pipeline.params_file import read_yaml
 from nmt.pipeline.recipes import resolve
 
 # Where stages write (logs: Snakemake's); each, or its nearest existing parent, must be writable.

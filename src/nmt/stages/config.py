@@ -25,9 +25,7 @@ class Paths:
 
 
 def config(params: dict, recipe: str, paths: Paths) -> None:
-    """Check every section and what would make a later job fail, then write the recipe."""
-    preflight.check_settings(params)
-    preflight.check_devices(params)
+    """Write the recipe's resolved settings (the command checks params.yaml first)."""
     # Written only when its content changes: an unchanged recipe keeps its bytes and mtime.
     text = yaml.safe_dump(resolve(params, recipe), sort_keys=True)
     if not paths.out.is_file() or paths.out.read_text() != text:
@@ -47,4 +45,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args, params: dict) -> None:
+    # Every section and what would make a later job fail: the command line's checks, which
+    # refuse and change nothing written (so no edit of them re-runs this stage).
+    preflight.check_settings(params)
+    preflight.check_devices(params)
     config(params, args.recipe, Paths(out=args.out or Path("params") / f"{args.recipe}.yaml"))

@@ -1,5 +1,5 @@
 """Stage train: fit one model of one recipe. The work is nmt.training (the loop:
-nmt.training.loop.train); this module is its command line.
+nmt.training.loop.train, which `fit` calls); the rest of this module is its command line.
 
 `nmt train` with train.devices N > 1 only starts torchrun's N processes and waits
 (nmt.training.launch), and that process imports no torch (about 2 s of CPU a launch). nmt.cli
@@ -11,11 +11,37 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from nmt.core.runs import Run
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
 from nmt.training.launch import launch, under_torchrun
+
+if TYPE_CHECKING:
+    from nmt.training.state import Paths
+
+
+def launches(recipe: dict) -> bool:
+    """Whether this process only starts torchrun's train.devices processes (each of which
+    runs `fit`) and waits: nmt.training.launch sets up what they share."""
+    return recipe["train"]["devices"] > 1 and not under_torchrun()
+
+
+def fit(recipe: dict, paths: Paths, restart: bool = False) -> int | None:
+    """Stage train: nmt.training.loop.train on one run's files; a stop (Ctrl-C, SIGTERM, a
+    fault point) becomes its exit status, the resume state kept."""
+    from nmt.training.loop import train
+    from nmt.training.resume import Stopped
+
+    try:
+        train(recipe, paths, restart=restart)
+    except Stopped as e:
+        if str(e):
+            print(f"nmt train: {e}", file=sys.stderr)
+        return e.code
+    return None
+
 
 # ---- `nmt train`: nmt.cli builds the subcommand from HELP, arguments and command ------------
 
@@ -41,22 +67,14 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args, params: dict) -> int | None:
     run, recipe = Run(args.recipe, args.model, args.seed), resolve(params, args.recipe)
-    if recipe["train"]["devices"] > 1 and not under_torchrun():  # a launcher: no torch here
+    if launches(recipe):  # a launcher: no torch here
         return launch(recipe["train"]["devices"], train_argv(args),
                       commandline.thread_count(args.threads) or commandline.torch_threads())
     commandline.set_threads(args.threads)
-    from nmt.training.loop import train
-    from nmt.training.resume import Stopped
     from nmt.training.state import Paths
 
-    paths = Paths(tokenized=args.tokenized, vocab=commandline.recipe_vocab(args),
-                  run=run.files(args.results))
-    try:
-        train(recipe, paths, restart=args.restart)
-    except Stopped as e:
-        if str(e):
-            print(f"nmt train: {e}", file=sys.stderr)
-        return e.code
+    return fit(recipe, Paths(tokenized=args.tokenized, vocab=commandline.recipe_vocab(args),
+                             run=run.files(args.results)), restart=args.restart)
 
 
 def train_argv(args) -> list[str]:

@@ -1,19 +1,25 @@
 """The code a stage runs, derived from the imports: nothing in workflow/stages.yaml lists it.
 
-A stage's code is the transitive closure of the nmt imports (at a module's top or inside a
-function, relative ones included) from its module, nmt.stages.<name> (a package: all its
-files), plus every package's __init__ on the way (Python runs it on import) and the code every
-command runs (`shared_code`). Each is named as the declaration once named it by hand: a module
-by its file under src/nmt (core/files.py, __init__.py for nmt itself), a unit by its folder.
-The files are parsed, never imported, so a change to any module re-runs exactly the stages
-whose imports reach it. `imports` is also the parser tests/test_layout.py holds the layers
-with.
+A stage's code is what its computation runs: the transitive closure of the nmt imports (at a
+module's top or inside a function, relative ones included) from its module, nmt.stages.<name>
+(a package: all its files), less that module's command line (COMMAND_LINE: what nmt.cli calls
+to run it as a command, and the helpers only those use), plus every package's __init__ on the
+way (Python runs it on import) and what every stage computes from (SHARED: params.yaml read
+into values). The command line around the computation (nmt.cli, its option groups, the
+params checks, preflight, the orchestrator guard, the commands that are no stage) is no
+stage's code: an edit of it can change what a command says or refuses, not what a stage
+writes, and so re-runs nothing. Each is named as the declaration once named it by hand: a
+module by its file under src/nmt (core/files.py, __init__.py for nmt itself), a unit by its
+folder. The files are parsed, never imported, so a change to any module re-runs exactly the
+stages whose computation reaches it. `imports` is also the parser tests/test_layout.py holds
+the layers with.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 # Packages that are one unit: one entry by their folder (DVC hashes the folder; Snakemake
@@ -26,17 +32,26 @@ UNITS = ("models",)
 # __init__ (Python runs it first; it imports only these at its top), not the unit; one that
 # imports the package itself (nmt.models.build_model) runs the whole unit.
 LIGHT = frozenset({"nmt.models.config", "nmt.models.registry"})
-# Imported by nmt.cli only when NMT_TRACK_READS records what a command reads (a debug feature
-# the contract tests use): the recording, no stage's code (tracking.recorded leaves it out too).
-NOT_RUN = frozenset({"nmt.pipeline.tracking"})
-# What every command runs of nmt.cli: its top-level statements and these functions (main, and
-# run, which main calls for every command), whose imports are every command's (a function's
-# body: all of it, though an `if` may skip one; an import not every stage needs belongs in a
-# function of its own). The imports in cli's other functions are some commands' only, and so
-# not every stage's code; the stage's own module cli imports by a computed name (importlib),
-# which no parser sees: that module is where `stage_code` starts.
-CLI_RUNS = ("main", "run")
-
+# What nmt.cli reads of a stage's module to run it as a command (nmt.cli: build_parser, run,
+# said): its command line. It sits below COMMAND_LINE_STARTS with the helpers only it calls
+# (train's train_argv), and is left out of the stage's computation, as are the imports only it
+# uses (nmt.pipeline.commandline; the recipe resolution, for which params/<recipe>.yaml, the
+# config stage's output, stands).
+COMMAND_LINE = frozenset({"HELP", "MEMORY_FIX", "SETS_OWN_THREADS", "arguments", "command",
+                          "interrupted_note"})
+# The line every stage module starts its command line with: what follows it (COMMAND_LINE and
+# the helpers they call) is the command's, what precedes it the computation.
+COMMAND_LINE_STARTS = re.compile(r"^# ---- `nmt [a-z_]+`: ")
+# What every stage computes from besides its own imports: nmt.cli reads params.yaml with it and
+# hands the values to the stage.
+SHARED = ("nmt.pipeline.params_file",)
+# Modules that stages import yet that change no output, with why; the closure stops at them
+# (tests/test_declaration.py holds each to importing nothing of nmt, so nothing is lost
+# behind it).
+NO_OUTPUT = {
+    "nmt.core.errors": "the error types, their one-line messages and exit statuses, and when "
+                       "a SIGTERM may end a stage: what a failure says, never what is written",
+}
 
 def module_name(path: Path, src: Path) -> str:
     """The dotted name of a file under src: src/nmt/core/files.py -> nmt.core.files,
@@ -95,14 +110,21 @@ def entry(module: str, src: Path, unit_list: list[str]) -> str:
     return next((u for u in unit_list if rel.startswith(u + "/")), rel)
 
 
-def closure(starts, src: Path) -> list[str]:
+def closure(starts, src: Path, computations=frozenset(), skip=NO_OUTPUT) -> list[str]:
     """The entries (as `entry` names them) that importing the modules starts runs: their
-    imports' imports, and so on, with every enclosing package; a unit's every file."""
+    imports' imports, and so on, with every enclosing package; a unit's every file. Of the
+    modules in `computations` (a stage's own), only what their computation imports
+    (`computation_imports`); those in `skip` are left out."""
     unit_list, todo, seen, found = units(src), list(starts), set(), set()
+
+    def imports_of(path: Path, module: str):
+        return (computation_imports(path, module) if module in computations
+                else file_imports(path, module))
+
     while todo:
         module = todo.pop()
-        if module in seen or not module_file(module, src).is_file():
-            continue  # a name that is no module of nmt: nothing to run
+        if module in seen or module in skip or not module_file(module, src).is_file():
+            continue  # no module of nmt (nothing to run), or one that changes no output
         seen.add(module)
         parts = module.split(".")
         around = [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages around it
@@ -120,7 +142,7 @@ def closure(starts, src: Path) -> list[str]:
                  else [module_file(module, src)])
         found.add(name)
         for f in files:
-            todo += [module_name(f, src), *file_imports(f, module_name(f, src))]
+            todo += [module_name(f, src), *imports_of(f, module_name(f, src))]
     whole = [name for name in found if name in unit_list]  # their light files are in them
     return sorted(name for name in found if not any(name.startswith(u + "/") for u in whole))
 
@@ -137,23 +159,72 @@ def _file_imports(path: str, module: str, mtime_ns: int, size: int) -> frozenset
     return frozenset(imports(Path(path), module))
 
 
+def computation(path: Path) -> list[ast.stmt]:
+    """A stage module's top-level statements above its command line (COMMAND_LINE_STARTS;
+    a module without that line is computation whole), less its imports. Refused: two such
+    lines, or a COMMAND_LINE name above it."""
+    text = Path(path).read_text()
+    lines = [i + 1 for i, line in enumerate(text.splitlines()) if COMMAND_LINE_STARTS.match(line)]
+    if len(lines) > 1:
+        raise ValueError(f"{path}: {len(lines)} lines start a command line "
+                         "(`# ---- `nmt <stage>`: ...`); a stage module has one")
+    top = ast.parse(text).body
+    above = [s for s in top if s.lineno < lines[0]] if lines else top
+    misplaced = sorted(COMMAND_LINE & set().union(*map(bound, above)))
+    if misplaced and lines:
+        raise ValueError(f"{path}: {', '.join(misplaced)} above the command line's first line")
+    return [s for s in above if not isinstance(s, (ast.Import, ast.ImportFrom))]
+
+
+def bound(statement: ast.stmt) -> set[str]:
+    """The names a top-level definition or assignment binds."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {statement.name}
+    targets = (statement.targets if isinstance(statement, ast.Assign) else
+               [statement.target] if isinstance(statement, (ast.AnnAssign, ast.AugAssign)) else [])
+    return {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def used(statement: ast.stmt) -> set[str]:
+    """Every name a statement reads (in its body, defaults, decorators, annotations)."""
+    return {n.id for n in ast.walk(statement)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def computation_imports(path: Path, module: str) -> set[str]:
+    """The nmt modules a stage module's computation imports: the imports inside it, and the
+    top-level ones whose names it uses. The command line's own are left out."""
+    kept = computation(path)
+    names = set().union(*map(used, kept))
+    top = ast.parse(Path(path).read_text()).body
+    aliases = [ast.ImportFrom(module=s.module, names=[a], level=s.level)
+               if isinstance(s, ast.ImportFrom) else ast.Import(names=[a])
+               for s in top if isinstance(s, (ast.Import, ast.ImportFrom))
+               for a in s.names if (a.asname or a.name.split(".")[0]) in names]
+    is_package = Path(path).name == "__init__.py"
+    src = Path(path).parents[len(module.split(".")) - (0 if is_package else 1)]
+    return imported(kept + aliases, module, is_package, src)
+
+
 def shared_code(src: Path) -> list[str]:
-    """What every `nmt` command runs: nmt/cli.py, and what its top-level statements and its
-    CLI_RUNS import (less NOT_RUN), with all they import."""
-    tree = ast.parse((src / "nmt" / "cli.py").read_text())
-    nodes = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-    nodes += [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in CLI_RUNS]
-    starts = imported(nodes, "nmt.cli", False, src) - NOT_RUN
-    return sorted({"cli.py", *closure(starts, src)})
+    """What every stage computes from: SHARED, with all it imports."""
+    return closure(SHARED, src)
 
 
 def stage_code(name: str, src: Path) -> list[str]:
-    """What stage `name` runs beyond nmt.cli: its module (or package) first, then all its
-    imports reach, shared code included."""
+    """What stage `name` computes with: its module (or package) first, then all its
+    computation's imports reach, shared code included."""
     module = f"nmt.stages.{name}"
     if not module_file(module, src).is_file():
         raise ValueError(f"stage {name}: no module src/nmt/stages/{name}.py nor package "
                          f"src/nmt/stages/{name}/")
-    found = closure([module], src)
+    found = closure([module, *SHARED], src, computations={module})
     own = entry(module, src, units(src))
     return [own] + [c for c in found if c != own]
+
+
+def command_code(name: str, src: Path) -> list[str]:
+    """What `nmt <name>` loads around the computation as well (nmt.cli, the stage module's
+    command line and all they import): where tests/test_contract.py looks for a module a stage
+    loaded that its code lacks."""
+    return closure(["nmt.cli", f"nmt.stages.{name}"], src, skip=())

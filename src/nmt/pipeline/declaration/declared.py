@@ -60,7 +60,7 @@ class Stage:
     # What the pipeline is for: Snakemake's `rule all` asks for its outputs (every job's); the
     # other stages run because a target needs them (DVC runs every stage anyway).
     target: bool = False
-    shared_code: list = field(default_factory=list)  # the part of code every command runs
+    shared_code: list = field(default_factory=list)  # the part every stage computes from
 
     def code_paths(self, files: bool = False) -> list[str]:
         """The modules it runs as repository paths: a package (models) is a folder for DVC,
@@ -108,7 +108,8 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
     spec = yaml.safe_load(Path(path).read_text())
     src = Path(path).parent.parent / "src" if src is None else Path(src)
     if "shared_code" in spec:
-        raise ValueError(f"{path}: shared_code is derived from nmt.cli's imports; remove it")
+        raise ValueError(f"{path}: shared_code is derived (nmt.pipeline.declaration.code."
+                         "SHARED); remove it")
     shared = shared_code(src)
     stages = {}
     for name, s in spec["stages"].items():

@@ -228,8 +228,9 @@ def render_snakemake(path: Path = DECLARATION) -> str:
     """workflow/rules/stages.smk's text for the declaration at path."""
     stages = load(path)
     shared = next(iter(stages.values())).shared_code
-    head = ["# The modules every `nmt` command runs (derived from nmt.cli's imports); each rule",
-            "# adds those its stage's imports reach.",
+    head = ["# The modules every stage computes from (params.yaml read into values:",
+            "# nmt.pipeline.declaration.code.SHARED); each rule adds those its stage's",
+            "# computation imports. The command line around it (nmt.cli, the checks) is none.",
             "SHARED_CODE = ["] + [f"    {item}," for item in code_items(shared)] + ["]"]
     return "\n\n".join([SMK_HEADER + "\n" + "\n".join(head) + "\n"]
                        + [smk_rule(s, stages) for s in stages.values()] + [all_rule(stages)])
