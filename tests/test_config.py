@@ -361,21 +361,35 @@ def test_nmt_stages_checks_writes_and_names_each_stale_file(tmp_path, monkeypatc
     declaration = REPO / "workflow" / "stages.yaml"
     monkeypatch.chdir(tmp_path)
     (tmp_path / "workflow" / "rules").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
     argv = ["-q", "--params", str(REPO / "params.yaml"), "stages", "--declaration",
             str(declaration)]
     assert main([*argv, "--check"]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"nmt stages: error: dvc.yaml and workflow/rules/stages.smk differ from {declaration} "
-        "(fix: nmt stages --write)")
+        "nmt stages: error: dvc.yaml, workflow/rules/stages.smk, docs/pipeline.md and "
+        f"workflow/code differ from {declaration} (fix: nmt stages --write)")
     assert main([*argv, "--write"]) == 0
-    for rendered in ("dvc.yaml", "workflow/rules/stages.smk"):
+    for rendered in ("dvc.yaml", "workflow/rules/stages.smk", "docs/pipeline.md"):
         assert (tmp_path / rendered).read_text() == (REPO / rendered).read_text()
+    links = sorted(p.relative_to(tmp_path) for p in (tmp_path / "workflow/code").rglob("*"))
+    assert links == sorted(p.relative_to(REPO) for p in (REPO / "workflow/code").rglob("*"))
     assert main([*argv, "--check"]) == 0
     with open(tmp_path / "dvc.yaml", "a") as dvc_yaml:
         dvc_yaml.write("# a hand edit\n")
     assert main([*argv, "--check"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"nmt stages: error: dvc.yaml differs from {declaration} (fix: nmt stages --write)")
+    # A checkout without symlinks (git's core.symlinks=false) holds each link as a file of
+    # its target's path, whose text DVC would hash instead of the module: refused.
+    assert main([*argv, "--write"]) == 0
+    link = next(p for p in sorted((tmp_path / "workflow/code").rglob("*")) if p.is_symlink())
+    target = str(link.readlink())
+    link.unlink()
+    link.write_text(target)
+    assert main([*argv, "--check"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"nmt stages: error: workflow/code differs from {declaration} (fix: nmt stages --write)")
+    assert main([*argv, "--write"]) == 0 and link.is_symlink()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

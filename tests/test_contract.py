@@ -28,7 +28,6 @@ from forkserver import ForkServer, Pending
 from nmt.cli import main
 from nmt.core.errors import NmtError
 from nmt.pipeline import declaration
-from nmt.pipeline.declaration.code import LIGHT
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 from tiny import BIN, run, scratch_copy
@@ -56,8 +55,9 @@ def test_a_snakemake_rule_reads_as_its_stage(tmp_path):
         "all": {"cmd": "nmt y", "deps": ["out"], "outs": ["y.txt"]}}}))
     # Their code, from a source tree of their own: job's computation uses nmt.x.
     nmt = tmp_path / "src" / "nmt"
+    job = "from nmt import x\n\nNAME = x.__name__\n"
     for rel, text in {"__init__.py": "", "cli.py": "", "x.py": "", "stages/__init__.py": "",
-                      "stages/job.py": "from nmt import x\n\nNAME = x.__name__\n", "stages/all.py": ""}.items():
+                      "stages/job.py": job, "stages/all.py": ""}.items():
         (nmt / rel).parent.mkdir(parents=True, exist_ok=True)
         (nmt / rel).write_text(text)
     text = declaration.render_snakemake(declared)
@@ -115,28 +115,26 @@ def under(keys: list[str], tree: dict) -> set[str]:
 
 def module_names(modules: list[str]) -> set[str]:
     """As a stage's derived code names modules: a unit by its folder
-    (nmt.models.scratch.attention -> models, nmt.stages.verify.measure -> stages/verify), a
-    module by its file (nmt.stages.vocab -> stages/vocab.py), a package's own __init__ by that
-    file (nmt -> __init__.py, nmt.core -> core/__init__.py). A unit's light modules
-    (LIGHT: nmt.models.registry) are their files, and so is the unit's __init__
-    where nothing else of the unit was imported."""
+    (nmt.stages.verify.measure -> stages/verify), a module by its file (nmt.stages.vocab ->
+    stages/vocab.py), a package's own __init__ by that file (nmt -> __init__.py, nmt.core ->
+    core/__init__.py)."""
     units = {c for s in STAGES.values() for c in s.code if not c.endswith(".py")}
-    heavy = [m for m in modules if m not in LIGHT]
     out = set()
     for m in modules:
         path = "/".join(m.split(".")[1:])
         unit = next((u for u in units if path == u or path.startswith(u + "/")), None)
-        if m in LIGHT:
-            out.add(path + ".py")
-        elif unit == path and not any(h.startswith(m + ".") for h in heavy):
-            out.add(f"{path}/__init__.py")
-        elif unit:
+        if unit:
             out.add(unit)
         elif not path or (REPO / declaration.CODE / path).is_dir():
             out.add(f"{path}/__init__.py".lstrip("/"))
         else:
             out.add(path + ".py")
     return out
+
+
+# The registry imports every model's entry to find the names (nmt.models.registry.discovered):
+# a job of one model loads the others' entries, which declare and run nothing of theirs.
+ENTRIES = {f"models/entries/{m}.py" for m in declaration.registered(REPO / "src")}
 
 
 @pytest.mark.parametrize("tool", ["dvc_run", "snakemake_run"])
@@ -152,7 +150,8 @@ def test_every_stage_declares_what_it_reads(tool, request):
         # really loaded must be within that and its command line's (nmt.cli, the checks), or a
         # change could miss it (an import by a computed name, say, which the parser cannot see).
         around = declaration.command_code(stage.name, (REPO / declaration.CODE).parent)
-        allowed = set(stage.code) | set(around)
+        model = stage.model_code.get(line.get("model"), [])  # a job of one model: its code
+        allowed = set(stage.code) | set(model) | set(around) | ENTRIES
         extra = {m for m in module_names(line["modules"]) - allowed  # a unit holds its files
                  if not any(m.startswith(f"{unit}/") for unit in allowed)}
         assert not extra, f"{stage.name} loads modules its derived code lacks: {sorted(extra)}"
@@ -199,10 +198,11 @@ def expand(path: str, names: list[str], lists: dict, bench: str) -> list[str]:
     return out
 
 
-def snakemake_inputs(stage: declaration.Stage, lists: dict, bench: str) -> list[str]:
+def snakemake_inputs(stage: declaration.Stage, lists: dict, bench: str,
+                     model: str | None = None) -> list[str]:
     """The inputs of the stage's rule in stages.smk, expanded (its wildcards left in): its
-    code files and deps, the way Snakemake reads them."""
-    return stage.code_paths(files=True) + [
+    code files (a job of one model: its model's too) and deps, the way Snakemake reads them."""
+    return stage.code_paths(files=True, model=model) + [
         q for p, names in declaration.input_templates(stage, STAGES)
         for q in expand(p, names, lists, bench)]
 
@@ -218,7 +218,7 @@ def downstream(direct: set[str], params: dict) -> set[str]:
         if kind == "outs":
             paths = [o.replace("{bench}", bench) for o in s.outputs()]
         else:
-            paths = snakemake_inputs(s, lists, bench)
+            paths = snakemake_inputs(s, lists, bench, v.get("model"))
         return {p.format(**v) for p in paths}
 
     deps = {job: files(job, "deps") for job in all_jobs}
@@ -488,7 +488,8 @@ def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakema
         for root in saved:
             with open(root / rel, "a") as f:
                 f.write("\n# a change\n")
-        want = {name for name, (s, _) in jobs(params).items() if s.name in rerun[code]}
+        want = {name for name, (s, v) in jobs(params).items() for stage, models in rerun[code]
+                if s.name == stage and (models is None or v["model"] in models)}
         dry_run = start_dry_run(snakemake)
         got_dvc = dvc_changed(dvc_run, config=True)
         got_smk = snakemake_jobs(snakemake, dry_run)
@@ -499,6 +500,9 @@ def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakema
                               params)
         if got_smk != want_smk:
             problems.append(f"{code}: snakemake -n {sorted(got_smk ^ want_smk)}")
+        trainings = sorted(j.removeprefix("train@") for j in got_dvc if j.startswith("train@"))
+        print(f"{code}: dvc status {len(got_dvc)} jobs (train: {', '.join(trainings) or '-'}),"
+              f" snakemake -n {len(got_smk)}")  # the measured table (pytest -s)
         for root, (data, st) in saved.items():
             (root / rel).write_bytes(data)
             os.utime(root / rel, ns=(st.st_atime_ns, st.st_mtime_ns))

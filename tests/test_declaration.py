@@ -108,7 +108,56 @@ def test_every_stage_runs_the_shared_code_and_its_own_module_first():
     # params.yaml read into values, what every stage computes from; not its checks
     assert shared == ["__init__.py", "pipeline/__init__.py", "pipeline/params_file.py"]
     assert STAGES["verify"].code[len(shared)] == "stages/verify"  # a package: its folder
-    assert "models" in STAGES["train"].code and "models" not in STAGES["report"].code
+    assert not [c for c in STAGES["report"].code if c.startswith("models/")]
+
+
+def test_a_job_of_one_model_runs_that_models_code_and_no_others():
+    """train, evaluate and export run per model: their code reaches the registry but no
+    model, and each job adds its model's (its entry and what that names); verify and bench,
+    which build every model, hold them all."""
+    train = STAGES["train"]
+    assert "models/registry.py" in train.code
+    assert not [c for c in train.code if c.startswith(("models/scratch", "models/baseline"))]
+    scratch, baseline, decoder_only = (set(train.model_code[m]) for m in
+                                       ("scratch", "baseline", "decoder_only"))
+    assert {"models/scratch/encoder.py", "models/scratch/transformer.py",
+            "models/entries/scratch.py"} <= scratch
+    assert not [c for c in scratch if c.startswith(("models/baseline", "models/entries/b"))]
+    assert {"models/baseline.py", "models/mapping.py"} <= baseline
+    assert not [c for c in baseline if c.startswith("models/scratch")]
+    # the decoder-only model takes scratch's attention block, not its encoder
+    assert "models/scratch/attention.py" in decoder_only
+    assert "models/scratch/encoder.py" not in decoder_only
+    for name in ("verify", "bench"):
+        assert not STAGES[name].model_code
+        assert scratch | baseline | decoder_only <= set(STAGES[name].code), name
+    assert STAGES["evaluate"].model_code.keys() == STAGES["export"].model_code.keys() == \
+        {"baseline", "scratch", "decoder_only"}
+
+
+def test_registering_a_model_changes_no_data_stage_and_no_existing_runs_code(tmp_path):
+    """A fourth model (its module and its entry module): the data stages' code and every
+    existing model's jobs stay as they were; verify and bench, which build every model, and
+    the new model's own jobs gain it."""
+    src = source_copy(tmp_path)
+    before = declaration.load(src.parent / declaration.DECLARATION)
+    (src / "nmt" / "models" / "toy.py").write_text('"""A toy model."""\n\nimport torch.nn as nn\n'
+                                                  "\n\nclass Toy(nn.Module):\n    pass\n")
+    (src / "nmt" / "models" / "entries" / "toy.py").write_text(
+        "from nmt.models.registry import ModelEntry\n\n"
+        'ENTRY = ModelEntry("toy", order=3, model="nmt.models.toy:Toy", encoder_decoder=True, '
+        'reads_bos=False, exports=False, param_count="nmt.models.toy:Toy", checks=())\n')
+    after = declaration.load(src.parent / declaration.DECLARATION)
+    for name, stage in before.items():
+        grew = set(after[name].code) - set(stage.code)
+        if name in ("verify", "bench"):
+            assert grew == {"models/toy.py", "models/entries/toy.py"}, name
+            continue
+        assert not grew, name
+        for model, modules in stage.model_code.items():
+            assert after[name].model_code[model] == modules, (name, model)
+    assert set(after["train"].model_code["toy"]) == {"models/entries/__init__.py",
+                                                      "models/entries/toy.py", "models/toy.py"}
 
 
 # The command line around the computation: what an edit of it can change is what a command

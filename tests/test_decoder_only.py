@@ -14,18 +14,17 @@ from nmt.core.decoding import DecodeConfig, output_limits, translate_batches
 from nmt.core.loss import token_loss
 from nmt.models import ModelConfig, build_model, mapping
 from nmt.models.baseline import plain_path
-from nmt.models.decoder_only import (
-    DecoderOnlyTransformer,
-    LayerNorm,
-    SelfAttention,
+from nmt.models.decoder_only import block as block_module
+from nmt.models.decoder_only import model as model_module
+from nmt.models.decoder_only.attention import SelfAttention
+from nmt.models.decoder_only.layer_norm import LayerNorm
+from nmt.models.decoder_only.model import DecoderOnlyTransformer, packed_mask
+from nmt.models.decoder_only.size import (
     block_param_count,
     decoder_only_layers,
     decoder_only_param_count,
     encoder_decoder_param_count,
-    packed_mask,
 )
-from nmt.models.decoder_only import block as block_module
-from nmt.models.decoder_only import model as model_module
 from nmt.models.masks import bias
 from nmt.models.scratch.embedding import sinusoids
 from nmt.stages.verify import decoder_only, properties

@@ -30,7 +30,7 @@ from nmt.core.loss import token_loss
 from nmt.core.records import RECORD
 from nmt.core.runs import Run
 from nmt.models import ModelConfig, build_model
-from nmt.models.scratch import sinusoids
+from nmt.models.scratch.embedding import sinusoids
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 from nmt.stages import export

@@ -23,8 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nmt.models import MODELS, ModelConfig, build_model, registry
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
 from nmt.models.masks import bias
-from nmt.models.scratch import Dropout, MultiHeadAttention, scaled_dot_product_attention
-from nmt.models.scratch.dropout import keep_mask
+from nmt.models.scratch.attention import MultiHeadAttention, scaled_dot_product_attention
+from nmt.models.scratch.dropout import Dropout, keep_mask
 from nmt.models.scratch.rotary import Rotary
 
 SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhead=4,

@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
-    with sigterm_stops(exiting=argv is None) as outcome, reads_recorded(args.stage) as track:
+    with (sigterm_stops(exiting=argv is None) as outcome,
+          reads_recorded(args.stage, getattr(args, "model", None)) as track):
         outcome["status"] = run(args, track)
         return outcome["status"]
 
@@ -169,7 +170,7 @@ def interrupted_note(args) -> str:
 
 
 @contextlib.contextmanager
-def reads_recorded(command: str):
+def reads_recorded(command: str, model: str | None = None):
     """NMT_TRACK_READS=FILE, a debug feature (docs/testing.md) on which the stage-contract
     tests stand: the params keys and `nmt` modules the command read, appended to FILE as one
     JSON line (nmt.pipeline.tracking). Yields what wraps params.yaml; unset, params as they
@@ -180,5 +181,5 @@ def reads_recorded(command: str):
         return
     from nmt.pipeline import tracking
 
-    with tracking.recorded(Path(path), command) as track:
+    with tracking.recorded(Path(path), command, model) as track:
         yield track

@@ -38,7 +38,7 @@ from nmt.core.files import read_json
 from nmt.core.records import check_folder
 from nmt.core.runs import Run
 from nmt.models import ModelConfig, registry
-from nmt.models.scratch import sinusoids
+from nmt.models.scratch.embedding import sinusoids
 
 BANNED = [[SPECIALS[1]], [SPECIALS[2]]]  # <pad>, <bos>: never produced (nmt.core.decoding's rule)
 # The engine's beam stops a sentence at PATIENCE x K finished hypotheses; ours when none alive

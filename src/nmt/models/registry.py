@@ -8,12 +8,15 @@ nmt.stages.verify, looked up there: this package imports nothing of the pipeline
 functions are named as "module:attribute" strings and imported only when asked for, so the
 command line, params validation and the schema test read this module in milliseconds.
 
-A new model is one module of nmt.models and one entry here (docs/adding-a-model.md).
+The entries are modules of nmt.models.entries, one a model (its ENTRY), found when this
+module is imported: a new model is its module(s) of nmt.models and one entry module
+(docs/adding-a-model.md).
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass
 
 # The model every other is compared against: torch.nn.Transformer (bench's ratios, the twin).
@@ -34,6 +37,7 @@ class ModelEntry:
     """One model of the pipeline: what is known of it without building it."""
 
     name: str  # params.yaml's pipeline.models, run folder names (^[a-z][a-z0-9_]*$)
+    order: int  # where it stands in tables and calibrations (the reference, 0, first)
     model: str  # "module:Class": Class(cfg, src_vocab_size, tgt_vocab_size, pad_id=...)
     encoder_decoder: bool  # an encoder over the source and a decoder over the target
     reads_bos: bool  # its class also takes bos_id (the decoder-only model's source/target break)
@@ -57,20 +61,23 @@ class ModelEntry:
         return load(self.to_scratch)(state_dict) if self.to_scratch else state_dict
 
 
-ENCODER_DECODER_SIZE = "nmt.models.decoder_only.size:encoder_decoder_param_count"
+def discovered() -> dict[str, ModelEntry]:
+    """Every module of nmt.models.entries holds one model's ENTRY, named as the module: the
+    models in their `order`. Registering a model adds a module there and edits no file that
+    another model's runs depend on (nmt.pipeline.declaration.code gives each run its own
+    model's code)."""
+    package = importlib.import_module("nmt.models.entries")
+    found = []
+    for module in pkgutil.iter_modules(package.__path__):
+        model = importlib.import_module(f"nmt.models.entries.{module.name}").ENTRY
+        if model.name != module.name:
+            raise ValueError(f"nmt/models/entries/{module.name}.py registers {model.name!r}; "
+                             f"a model's entry module is named as the model")
+        found.append(model)
+    return {model.name: model for model in sorted(found, key=lambda model: model.order)}
 
-MODELS = {entry.name: entry for entry in (
-    ModelEntry("baseline", "nmt.models.baseline:BaselineTransformer", encoder_decoder=True,
-               reads_bos=False, exports=True, param_count=ENCODER_DECODER_SIZE, checks=(),
-               to_scratch="nmt.models.mapping:baseline_to_scratch"),
-    ModelEntry("scratch", "nmt.models.scratch:ScratchTransformer", encoder_decoder=True,
-               reads_bos=False, exports=True, param_count=ENCODER_DECODER_SIZE,
-               checks=(TWIN_CHECKS, PROPERTY_CHECKS), positions=("sinusoidal", "rotary")),
-    ModelEntry("decoder_only", "nmt.models.decoder_only:DecoderOnlyTransformer",
-               encoder_decoder=False, reads_bos=True, exports=False,
-               param_count="nmt.models.decoder_only.size:decoder_only_param_count",
-               checks=("decoder_only",)),
-)}
+
+MODELS = discovered()
 
 
 def names() -> tuple[str, ...]:

@@ -72,16 +72,17 @@ def start_tracking(params: dict, reads: set) -> Tracked:
 
 
 @contextlib.contextmanager
-def recorded(path: Path, command: str):
-    """Around one `nmt` command: yields what wraps its params.yaml (start_tracking); at its
-    end, failed or not, appends what it read to `path` as one JSON line."""
+def recorded(path: Path, command: str, model: str | None = None):
+    """Around one `nmt` command (of `model`'s run, where it has one): yields what wraps its
+    params.yaml (start_tracking); at its end, failed or not, appends what it read to `path`
+    as one JSON line."""
     reads = set()
     try:
         yield lambda params: start_tracking(params, reads)
     finally:
         modules = sorted(m for m in sys.modules if (m == "nmt" or m.startswith("nmt."))
                          and m != __name__)  # the recording itself is no stage's code
-        line = {"stage": command, "modules": modules,
+        line = {"stage": command, "model": model, "modules": modules,
                 "params": sorted(k for ns, k in reads if ns == "params"),
                 "recipe_params": sorted(k for ns, k in reads if ns == "recipe")}
         with open(path, "a") as f:

@@ -25,7 +25,9 @@ from pathlib import Path
 from nmt.pipeline.declaration.code import (
     command_code,
     imports,
+    model_code,
     module_name,
+    registered,
     shared_code,
     stage_code,
 )
@@ -52,7 +54,8 @@ from nmt.pipeline.declaration.snakemake import (
 __all__ = ["CODE", "DECLARATION", "command_code", "DIMENSIONS", "KIND_SETTINGS", "PLACEHOLDER",
            "SNAKEMAKE_RULES", "Stage",
            "declared_values", "imports", "input_templates", "load", "lookup", "module_name",
-           "render_dvc", "render_snakemake", "rendered", "rerun_by", "rerun_table",
+           "model_code", "registered", "render_dvc", "render_snakemake", "rendered",
+           "rerun_by", "rerun_table",
            "shared_code", "smk_rule", "stage_code"]
 
 

@@ -22,16 +22,15 @@ import functools
 import re
 from pathlib import Path
 
-# Packages that are one unit: one entry by their folder (DVC hashes the folder; Snakemake
-# takes its .py files), and a change to any file of it re-runs every stage that imports any.
-# Besides these, every stage package (nmt.stages.verify) is one.
-UNITS = ("models",)
-# Modules of a unit that run none of its other code: torch-free, importing nothing of it but
-# each other (the models' registry and config, which core and the pipeline read for the models'
-# names and facts). A stage that imports only these runs their files and their package's
-# __init__ (Python runs it first; it imports only these at its top), not the unit; one that
-# imports the package itself (nmt.models.build_model) runs the whole unit.
-LIGHT = frozenset({"nmt.models.config", "nmt.models.registry"})
+# Every stage package (nmt.stages.verify) is one unit: one entry by its folder (DVC hashes the
+# folder; Snakemake takes its .py files), and a change to any file of it re-runs the stage.
+# The registry finds the models' entries by module name (nmt.models.registry.discovered),
+# which no parser sees: a stage whose computation reaches it runs every entry module and the
+# modules its "module:attribute" strings name (the model's class, its parameter count, its
+# renaming); a job of one model (per: model) runs that model's only (`model_code`), so an edit
+# of one model's code re-runs that model's runs and no other's.
+REGISTRY, ENTRIES = "nmt.models.registry", "nmt.models.entries"
+NAMED = re.compile(r"^(nmt(?:\.\w+)+):\w+$")  # "nmt.models.baseline:BaselineTransformer"
 # What nmt.cli reads of a stage's module to run it as a command (nmt.cli: build_parser, run,
 # said): its command line. It sits below COMMAND_LINE_STARTS with the helpers only it calls
 # (train's train_argv), and is left out of the stage's computation, as are the imports only it
@@ -99,9 +98,9 @@ def imports(path: Path, module: str) -> set[str]:
 
 
 def units(src: Path) -> list[str]:
-    """The packages that are one entry (UNITS and every stage package), as folders of nmt."""
+    """The packages that are one entry (every stage package), as folders of nmt."""
     stages = sorted(p.parent.name for p in (src / "nmt" / "stages").glob("*/__init__.py"))
-    return list(UNITS) + [f"stages/{s}" for s in stages]
+    return [f"stages/{s}" for s in stages]
 
 
 def entry(module: str, src: Path, unit_list: list[str]) -> str:
@@ -110,11 +109,13 @@ def entry(module: str, src: Path, unit_list: list[str]) -> str:
     return next((u for u in unit_list if rel.startswith(u + "/")), rel)
 
 
-def closure(starts, src: Path, computations=frozenset(), skip=NO_OUTPUT) -> list[str]:
+def closure(starts, src: Path, computations=frozenset(), skip=NO_OUTPUT,
+            models: tuple[str, ...] | None = None) -> list[str]:
     """The entries (as `entry` names them) that importing the modules starts runs: their
     imports' imports, and so on, with every enclosing package; a unit's every file. Of the
     modules in `computations` (a stage's own), only what their computation imports
-    (`computation_imports`); those in `skip` are left out."""
+    (`computation_imports`); those in `skip` are left out. Reaching the registry runs the
+    entries of `models` (None: every registered model) and what they name."""
     unit_list, todo, seen, found = units(src), list(starts), set(), set()
 
     def imports_of(path: Path, module: str):
@@ -127,14 +128,10 @@ def closure(starts, src: Path, computations=frozenset(), skip=NO_OUTPUT) -> list
             continue  # no module of nmt (nothing to run), or one that changes no output
         seen.add(module)
         parts = module.split(".")
-        around = [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages around it
-        if module in LIGHT:  # its file, and its package's __init__ as a file: not the unit
-            package = around.pop()
-            found |= {entry(module, src, []), entry(package, src, [])}
-            todo += around + [*file_imports(module_file(module, src), module),
-                              *file_imports(module_file(package, src), package)]
-            continue
-        todo += around
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages around it
+        if module == REGISTRY:
+            todo += [m for name in (registered(src) if models is None else models)
+                     for m in entry_starts(name, src)]
         name = entry(module, src, unit_list)
         if name in found:  # a unit, whose files are all read already
             continue
@@ -143,8 +140,29 @@ def closure(starts, src: Path, computations=frozenset(), skip=NO_OUTPUT) -> list
         found.add(name)
         for f in files:
             todo += [module_name(f, src), *imports_of(f, module_name(f, src))]
-    whole = [name for name in found if name in unit_list]  # their light files are in them
-    return sorted(name for name in found if not any(name.startswith(u + "/") for u in whole))
+    return sorted(found)
+
+
+def registered(src: Path) -> tuple[str, ...]:
+    """The models the registry finds: the modules of nmt.models.entries."""
+    folder = module_file(ENTRIES, src).parent
+    return tuple(sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__"))
+
+
+def entry_starts(name: str, src: Path) -> list[str]:
+    """What model `name`'s entry runs: its module, and the modules its "module:attribute"
+    strings name (imported when the registry is asked for the class or a function)."""
+    module = f"{ENTRIES}.{name}"
+    tree = ast.parse(module_file(module, src).read_text())
+    named = [NAMED.match(n.value) for n in ast.walk(tree)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    return [module, *sorted({m.group(1) for m in named if m})]
+
+
+def model_code(name: str, src: Path) -> list[str]:
+    """What a job of model `name` runs of the models beyond what its stage's computation
+    reaches without one (`stage_code(..., models=())`): its entry and all it names."""
+    return closure(entry_starts(name, src), src, models=())
 
 
 def file_imports(path: Path, module: str) -> frozenset[str]:
@@ -211,14 +229,15 @@ def shared_code(src: Path) -> list[str]:
     return closure(SHARED, src)
 
 
-def stage_code(name: str, src: Path) -> list[str]:
+def stage_code(name: str, src: Path, models: tuple[str, ...] | None = None) -> list[str]:
     """What stage `name` computes with: its module (or package) first, then all its
-    computation's imports reach, shared code included."""
+    computation's imports reach, shared code included; of the models, those of `models`
+    (None: every one; () for a stage that runs per model, whose jobs add `model_code`)."""
     module = f"nmt.stages.{name}"
     if not module_file(module, src).is_file():
         raise ValueError(f"stage {name}: no module src/nmt/stages/{name}.py nor package "
                          f"src/nmt/stages/{name}/")
-    found = closure([module, *SHARED], src, computations={module})
+    found = closure([module, *SHARED], src, computations={module}, models=models)
     own = entry(module, src, units(src))
     return [own] + [c for c in found if c != own]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from nmt.pipeline.corpora.kinds import KINDS
-from nmt.pipeline.declaration.code import shared_code, stage_code
+from nmt.pipeline.declaration.code import model_code, registered, shared_code, stage_code
 
 DECLARATION = Path("workflow/stages.yaml")
 CODE = "src/nmt"
@@ -61,11 +61,14 @@ class Stage:
     # other stages run because a target needs them (DVC runs every stage anyway).
     target: bool = False
     shared_code: list = field(default_factory=list)  # the part every stage computes from
+    # per model: what a job of each model runs beyond `code` (its model's modules; derived)
+    model_code: dict = field(default_factory=dict)
 
-    def code_paths(self, files: bool = False) -> list[str]:
-        """The modules it runs as repository paths: a package (models) is a folder for DVC,
-        which hashes its content, and its .py files for Snakemake, which compares times."""
-        paths = [f"{CODE}/{c}" for c in self.code]
+    def code_paths(self, files: bool = False, model: str | None = None) -> list[str]:
+        """The modules it runs as repository paths (a job of `model`: its model's too): a
+        package (stages/verify) is a folder for DVC, which hashes its content, and its .py
+        files for Snakemake, which compares times."""
+        paths = [f"{CODE}/{c}" for c in self.code + self.model_code.get(model, [])]
         if not files:
             return paths
         return [str(f) for p in paths for f in
@@ -116,9 +119,14 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
         if "code" in s:
             raise ValueError(f"{path}: stage {name}: code is derived from its module's "
                              "imports; remove it")
-        own = [c for c in stage_code(name, src) if c not in shared]
+        per_model = "model" in s.get("per", [])
+        own = [c for c in stage_code(name, src, models=() if per_model else None)
+               if c not in shared]
+        models = {m: [c for c in model_code(m, src) if c not in shared + own]
+                  for m in registered(src)} if per_model else {}
         corpus = {"corpus_params": corpus_keys(s.get("corpus_params", []))}
-        stages[name] = Stage(name=name, **(s | corpus), code=shared + own, shared_code=shared)
+        stages[name] = Stage(name=name, **(s | corpus), code=shared + own, shared_code=shared,
+                             model_code=models)
     for stage in stages.values():
         check(stage)
     return stages

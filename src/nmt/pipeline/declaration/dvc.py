@@ -1,5 +1,12 @@
 """dvc.yaml rendered from the declared stages: one DVC stage each, a matrix over its per
-dimensions, its code as dependencies (a unit's folder, which DVC hashes whole)."""
+dimensions, its code as dependencies (a unit's folder, which DVC hashes whole).
+
+A job of one model depends on that model's code alone, which differs from model to model; a
+DVC matrix cannot pick a list by the item (`${code.${item.model}}` is refused), so each model's
+code is a folder of links, workflow/code/<model>/, one to each module the model runs, and a
+per-model stage depends on `workflow/code/${item.model}` (DVC hashes what the links point to).
+`nmt stages --write` makes the links with the rest, and `--check` fails where they differ.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from nmt.pipeline.declaration.declared import DECLARATION, DIMENSIONS, Stage, load
+from nmt.pipeline.declaration.code import model_code, registered, shared_code
+from nmt.pipeline.declaration.declared import CODE, DECLARATION, DIMENSIONS, Stage, load
+
+MODEL_LINKS = Path("workflow/code")  # <model>/<module path, / as .>: a link to the module
 
 
 def dvc_text(text: str) -> str:
@@ -27,7 +37,8 @@ def dvc_stage(s: Stage) -> dict:
     out["cmd"] = dvc_text(s.cmd).replace("{threads}", str(s.threads))
     if s.gpu_mem_mb is not None:  # DVC has no resources: the declared bound (the variable)
         out["cmd"] = out["cmd"].replace("{gpu_mem_mb}", str(s.gpu_mem_mb))
-    out["deps"] = s.code_paths() + [dvc_text(d) for d in s.deps]
+    models = [f"{MODEL_LINKS}/${{item.model}}"] if s.model_code else []
+    out["deps"] = s.code_paths() + models + [dvc_text(d) for d in s.deps]
     params = [{"params.yaml": None} if k == "params.yaml" else k for k in s.params]
     if s.recipe_params:
         params.append({dvc_text("params/{recipe}.yaml"): s.recipe_params})
@@ -65,3 +76,17 @@ def render_dvc(path: Path = DECLARATION) -> str:
     stages = {name: dvc_stage(s) for name, s in load(path).items()}
     body = yaml.safe_dump({"stages": stages, "plots": PLOTS}, sort_keys=False, width=100)
     return HEADER + body
+
+
+def model_links(path: Path = DECLARATION) -> dict[Path, str]:
+    """Every link of workflow/code/ (relative to the repository) -> what it points to,
+    relative to its folder: per model, one to each module its jobs run beyond the shared
+    code (nmt.pipeline.declaration.code.model_code)."""
+    src = Path(path).parent.parent / Path(CODE).parent
+    shared, out = shared_code(src), {}
+    for model in registered(src):
+        for module in model_code(model, src):
+            if module not in shared:
+                link = MODEL_LINKS / model / module.replace("/", ".")
+                out[link] = f"../../../{CODE}/{module}"
+    return out

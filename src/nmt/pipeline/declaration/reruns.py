@@ -20,35 +20,50 @@ BEGIN = "<!-- reruns: rendered from the derived code by `nmt stages --write`; do
 END = "<!-- /reruns -->"
 
 
-def rerun_by(stages: dict[str, Stage], src: Path) -> dict[str, tuple[str, ...]]:
-    """Every module file under src/nmt (as the code lists name it: core/files.py) -> the
-    stages an edit of it re-runs, in the declaration's order: those whose code holds the file
-    or the unit folder it lies in (models, stages/verify)."""
+# One job set of a row: a stage, and the models whose jobs re-run (None: every job of it).
+Jobs = tuple[str, "tuple[str, ...] | None"]
+
+
+def rerun_by(stages: dict[str, Stage], src: Path) -> dict[str, tuple[Jobs, ...]]:
+    """Every module file under src/nmt (as the code lists name it: core/files.py) -> the jobs
+    an edit of it re-runs, in the declaration's order: every job of a stage whose code holds
+    the file or the unit folder it lies in (stages/verify); of a per-model stage, the jobs of
+    the models whose code holds it."""
     unit_list = units(src)
     out = {}
     for path in sorted((src / "nmt").rglob("*.py")):
         rel = path.relative_to(src / "nmt").as_posix()
         unit = next((u for u in unit_list if rel.startswith(u + "/")), None)
-        out[rel] = tuple(name for name, s in stages.items() if rel in s.code or unit in s.code)
+        found: list[Jobs] = []
+        for name, s in stages.items():
+            models = tuple(m for m, code in s.model_code.items() if rel in code)
+            if rel in s.code or unit in s.code or models and set(models) == set(s.model_code):
+                found.append((name, None))
+            elif models:
+                found.append((name, models))
+        out[rel] = tuple(found)
     return out
 
 
 def rerun_table(path: Path = DECLARATION) -> str:
-    """The markdown table, one row a set of stages: the modules whose edit re-runs them."""
+    """The markdown table, one row a set of jobs: the modules whose edit re-runs them."""
     stages = load(path)
     src = Path(path).parent.parent / Path(CODE).parent
-    rows: dict[tuple[str, ...], list[str]] = {}
-    for module, names in rerun_by(stages, src).items():
-        rows.setdefault(names, []).append(module)
+    rows: dict[tuple[Jobs, ...], list[str]] = {}
+    for module, found in rerun_by(stages, src).items():
+        rows.setdefault(found, []).append(module)
     lines = ["| an edit of | re-runs |", "|---|---|"]
-    for names, modules in sorted(rows.items(), key=lambda row: (len(row[0]), row[0])):
-        reruns = ", ".join(jobs(stages[n]) for n in names) or "**nothing**"
-        lines.append(f"| {', '.join(f'`{m}`' for m in modules)} | {reruns} |")
+    for found, modules in sorted(rows.items(), key=lambda row: (len(row[0]), str(row[0]))):
+        reruns = ", ".join(jobs(stages[name], models) for name, models in found)
+        lines.append(f"| {', '.join(f'`{m}`' for m in modules)} | {reruns or '**nothing**'} |")
     return "\n".join(lines) + "\n"
 
 
-def jobs(stage: Stage) -> str:
-    """A stage's jobs as a row names them: bench; verify (every recipe); train (every run)."""
+def jobs(stage: Stage, models: tuple[str, ...] | None = None) -> str:
+    """A stage's jobs as a row names them: bench; verify (every recipe); train (every run);
+    train (the runs of scratch)."""
+    if models is not None:
+        return f"{stage.name} (the runs of {', '.join(models)})"
     if not stage.per:
         return stage.name
     if "model" not in stage.per:

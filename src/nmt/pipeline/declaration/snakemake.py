@@ -21,6 +21,7 @@ from nmt.pipeline.declaration.declared import (
     lookup,
     placeholders,
 )
+from nmt.pipeline.declaration.dvc import model_links
 
 SNAKEMAKE_RULES = Path("workflow/rules/stages.smk")
 CONDA_ENV = "../envs/nmt.yaml"  # workflow/envs/nmt.yaml, relative to the rules file
@@ -170,8 +171,12 @@ def smk_rule(stage: Stage, stages: dict) -> str:
     lines = [f"rule {stage.name}:", "    input:"]
     lines += [f"        {path_expr(p, names)}," for p, names in input_templates(stage, stages)]
     own = [c for c in stage.code if c not in stage.shared_code]
-    lines += ["        code=[", "            *SHARED_CODE,"]
-    lines += [f"            {item}," for item in code_items(own)] + ["        ],"]
+    # a job of one model: that model's code too (MODEL_CODE, by the job's wildcard)
+    lines += ["        code=lambda wildcards: [" if stage.model_code else "        code=[",
+              "            *SHARED_CODE,"]
+    lines += [f"            {item}," for item in code_items(own)]
+    lines += ["            *MODEL_CODE[wildcards.model],"] if stage.model_code else []
+    lines += ["        ],"]
     lines += ["    output:"] + [f"        {output_expr(stage, p)}," for p in stage.outputs()]
     lines += constraint_lines(stage)
     declared = {k: v for k, v in (("params", stage.params), ("recipe_params",
@@ -231,6 +236,23 @@ def render_snakemake(path: Path = DECLARATION) -> str:
     head = ["# The modules every stage computes from (params.yaml read into values:",
             "# nmt.pipeline.declaration.code.SHARED); each rule adds those its stage's",
             "# computation imports. The command line around it (nmt.cli, the checks) is none.",
-            "SHARED_CODE = ["] + [f"    {item}," for item in code_items(shared)] + ["]"]
+            "SHARED_CODE = ["] + [f"    {item}," for item in code_items(shared)] + ["]", "",
+            "# Each model's modules (its registry entry and what that names): a job of one",
+            "# model (train, evaluate, export) runs its own model's only.",
+            "MODEL_CODE = {"]
+    models = next((s.model_code for s in stages.values() if s.model_code), {})
+    links = model_code_lists(path)
+    for model in models:
+        head += [f"    {quote(model)}: ["] + [f"        {item}," for item in links[model]]
+        head += ["    ],"]
+    head += ["}"]
     return "\n\n".join([SMK_HEADER + "\n" + "\n".join(head) + "\n"]
                        + [smk_rule(s, stages) for s in stages.values()] + [all_rule(stages)])
+
+
+def model_code_lists(path: Path) -> dict[str, list[str]]:
+    """Each model's modules as quoted repository paths (the links' targets: dvc.py)."""
+    out: dict[str, list[str]] = {}
+    for link, target in model_links(path).items():
+        out.setdefault(link.parent.name, []).append(quote(target.removeprefix("../../../")))
+    return out

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from nmt.models import ModelConfig, registry
-from nmt.models.decoder_only import LayerNorm, decoder_only_layers
+from nmt.models.decoder_only.layer_norm import LayerNorm
+from nmt.models.decoder_only.size import decoder_only_layers
 from nmt.stages.verify.checklist import Checklist
 from nmt.stages.verify.measure import max_abs_diff
 from nmt.stages.verify.properties import (
