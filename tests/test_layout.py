@@ -17,6 +17,7 @@ Each package's __init__ docstring says the same in words.
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 from pathlib import Path
 
@@ -113,13 +114,30 @@ def test_the_readmes_layout_table_names_every_module():
     folder), so the table a newcomer reads is the tree that is there."""
     rows = {line.split("|")[1].strip(" `"): line for line in
             (REPO / "README.md").read_text().splitlines() if line.startswith("| `src/nmt/")}
-    for layer in ("core", "training", "pipeline", "stages", "commands"):
+    for layer in ("models", "core", "training", "pipeline", "stages", "commands"):
         folder = SRC / "nmt" / layer
         row = rows[f"src/nmt/{layer}/"]
         names = [p.name for p in folder.glob("*.py") if p.name != "__init__.py"]
         names += [f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()]
         missing = [n for n in sorted(names) if f"`{n}`" not in row]
         assert not missing, f"README's row for src/nmt/{layer}/ lacks {missing}"
+
+
+def test_the_file_counts_docs_architecture_gives_are_the_guides_lists():
+    """docs/architecture.md's count of the files a new model and a new corpus kind touch is
+    the length of the guide's list of them (docs/adding-a-model.md's numbered steps; the table
+    of files in docs/parameters-and-corpora.md's "Adding a corpus kind")."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    model_files = int(re.search(r"`prenorm`, took (\d+) files", text).group(1))
+    kind_files = int(re.search(r"a `tsv` kind took (\d+) files", text).group(1))
+    guide = (REPO / "docs" / "adding-a-model.md").read_text()
+    steps = re.findall(r"^(\d+)\. ", guide.split("What reads the registry")[0], re.M)
+    assert model_files == len(steps) == int(steps[-1]), steps
+    corpora = (REPO / "docs" / "parameters-and-corpora.md").read_text()
+    header = "\n\n| file | what |\n|---|---|\n"
+    section = corpora.split("### Adding a corpus kind")[1].split(header)[1]
+    rows = [line for line in section.split("\n\n")[0].splitlines() if line.startswith("| ")]
+    assert kind_files == len(rows), rows
 
 
 def import_graph(src: Path) -> dict[str, set[str]]:
