@@ -46,7 +46,7 @@ from nmt.pipeline.params import load_params
 STAGES = tuple(sorted(m.name for m in pkgutil.iter_modules(nmt.stages.__path__)))
 # The modules of nmt.commands that are commands of their own (the others serve one of these,
 # or run instead of a stage: INSTEAD).
-COMMANDS = ("check", "estimate", "stages", "translate")
+COMMANDS = ("adopt", "check", "estimate", "stages", "translate")
 # A stage's subcommand whose options (in the stage's module) can ask for a command instead of
 # the stage: option -> the module of nmt.commands whose `command` runs.
 INSTEAD = {"bench": {"data": "data_bench", "decoding": "decoding_bench"}}

@@ -19,8 +19,10 @@ import socket
 from pathlib import Path
 
 import psutil
+import yaml
 
 from nmt.core.errors import NmtError
+from nmt.core.runs import Run
 
 DVC_LOCK = Path(".dvc/tmp/lock")
 MARKERS = Path(".snakemake")  # holds nmt-running.<pid>, one a running Snakemake
@@ -103,3 +105,21 @@ def claim_for_snakemake(root: Path = Path(".")) -> None:
 def release_for_snakemake(root: Path = Path(".")) -> None:
     """Snakemake's onsuccess and onerror: remove this run's marker."""
     (root / MARKERS / f"nmt-running.{os.getpid()}").unlink(missing_ok=True)
+
+
+def run_by_dvc(root: Path = Path(".")) -> bool:
+    """Whether DVC runs this process as a stage of root's pipeline: DVC sets DVC_STAGE and
+    DVC_ROOT for the commands it runs (it does not hold its lock meanwhile)."""
+    dvc_root = os.environ.get("DVC_ROOT")
+    return bool(os.environ.get("DVC_STAGE")) and dvc_root is not None and \
+        Path(dvc_root).resolve() == root.resolve()
+
+
+def made_by_snakemake(runs: list[Run], root: Path = Path(".")) -> list[Run]:
+    """Of the runs, those whose training is complete in root but that dvc.lock does not know:
+    Snakemake made them (or DVC's record of them is gone), and `dvc repro` would delete them
+    and train them again."""
+    lock = root / "dvc.lock"
+    known = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) if lock.is_file() else {}
+    return [run for run in runs if run.dvc_stage("train") not in known
+            and run.files(root / "results").summary.is_file()]

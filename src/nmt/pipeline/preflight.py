@@ -2,7 +2,8 @@
 model (or any output) for a job that was bound to fail.
 
 Both tools delete a stage's outputs before they run it. So these run first: DVC's config
-stage (the first stage `dvc repro` runs after any params edit) calls `check_settings`;
+stage (the first stage `dvc repro` runs after any params edit) calls `check_settings`, and
+`check_known_to_dvc` when DVC runs it;
 Snakemake calls `check_settings`, `check_inputs` and `check_clock` when it parses the workflow and
 `check_devices` in its onstart (on the machine that runs the jobs; a cluster's login node
 has no GPU). Every problem is one NmtError line naming the fix.
@@ -19,8 +20,10 @@ from pathlib import Path
 from nmt.core.errors import NmtError
 from nmt.core.files import not_a_folder
 from nmt.core.records import check_folder
+from nmt.core.runs import Run
 from nmt.pipeline.corpora.kinds import kind_of
 from nmt.pipeline.corpus import corpus_recipe, corpus_settings
+from nmt.pipeline.orchestrators import made_by_snakemake
 from nmt.pipeline.params_file import read_yaml
 from nmt.pipeline.recipes import resolve
 
@@ -157,3 +160,18 @@ def _walk(path: Path):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
             for name in dirs + files:
                 yield Path(folder) / name
+
+
+def check_known_to_dvc(params: dict, root: Path = Path(".")) -> None:
+    """Under `dvc repro`: refuse, before any training is deleted, when trained runs of the
+    pipeline are missing from dvc.lock (Snakemake made them), which DVC would train again."""
+    pipeline = params["pipeline"]
+    runs = [Run(r, m, s) for r in pipeline["recipes"] for m in pipeline["models"]
+            for s in pipeline["seeds"]]
+    unknown = made_by_snakemake(runs, root)
+    if unknown:
+        shown = ", ".join(run.name for run in unknown[:3]) + (" ..." if len(unknown) > 3 else "")
+        raise NmtError(f"{len(unknown)} trained run(s) ({shown}) are not in dvc.lock: "
+                       "Snakemake made them, and dvc repro would train them again (fix: "
+                       "nmt adopt, which records a finished Snakemake run in dvc.lock; or "
+                       "remove their folders under results/ to have DVC train them)")

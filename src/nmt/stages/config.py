@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from nmt.core.files import write_text
-from nmt.pipeline import commandline, preflight
+from nmt.pipeline import commandline, orchestrators, preflight
 from nmt.pipeline.recipes import resolve
 
 
@@ -49,4 +49,6 @@ def command(args, params: dict) -> None:
     # refuse and change nothing written (so no edit of them re-runs this stage).
     preflight.check_settings(params)
     preflight.check_devices(params)
+    if orchestrators.run_by_dvc():  # runs Snakemake trained, unknown to DVC: not again
+        preflight.check_known_to_dvc(params)
     config(params, args.recipe, Paths(out=args.out or Path("params") / f"{args.recipe}.yaml"))

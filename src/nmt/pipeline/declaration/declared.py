@@ -54,6 +54,7 @@ class Stage:
     # Snakemake: the rule's resource, which a profile sets (workflow/profiles/gpu).
     gpu_mem_mb: int | None = None
     cache: bool = True
+    persist: bool = False  # DVC keeps its outputs when it runs again (sources: their times)
     # DVC runs it every time (it checks files outside DVC's view; Snakemake: at parse time)
     always_changed: bool = False
     report: dict = field(default_factory=dict)  # output -> Snakemake --report category

@@ -48,7 +48,7 @@ def dvc_stage(s: Stage) -> dict:
         params.append({dvc_text("params/{corpus}.yaml"): s.corpus_params})
     if params:
         out["params"] = params
-    opts = {} if s.cache else {"cache": False}
+    opts = ({} if s.cache else {"cache": False}) | ({"persist": True} if s.persist else {})
     out["outs"] = [{dvc_text(o): dict(opts)} if opts else dvc_text(o) for o in s.outs]
     if s.metrics:
         out["metrics"] = [{dvc_text(m): dict(opts)} if opts else dvc_text(m) for m in s.metrics]
