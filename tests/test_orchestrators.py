@@ -109,6 +109,30 @@ def test_dvc_holding_its_lock_is_seen_and_released_lock_is_not(tmp_path):
     assert orchestrators.dvc_holder(tmp_path) is None  # the lock file stays; the flock is gone
 
 
+def test_a_dvc_repro_running_a_stage_is_seen(tmp_path):
+    """While a stage's command runs, `dvc repro` holds no flock on .dvc/tmp/lock (DVC 3.67):
+    the guard finds it in .dvc/tmp/rwlock, and Snakemake would be refused."""
+    from tiny import BIN
+
+    subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "dvc.yaml").write_text("stages:\n  wait:\n    cmd: sleep 30 && touch out\n"
+                                       "    outs: [out]\n")
+    dvc = subprocess.Popen([str(BIN / "dvc"), "repro", "-q"], cwd=tmp_path)
+    try:
+        for _ in range(100):  # until the stage runs
+            if (tmp_path / orchestrators.DVC_RWLOCK).is_file():
+                break
+            time.sleep(0.1)
+        assert orchestrators.dvc_holder(tmp_path) == dvc.pid
+        with pytest.raises(NmtError, match=f"dvc \\(pid {dvc.pid}\\) is running"):
+            orchestrators.refuse_others(tmp_path, "snakemake")
+    finally:  # with its stage's command, which DVC starts in a session of its own
+        for process in [*psutil.Process(dvc.pid).children(recursive=True), dvc]:
+            process.kill()
+        dvc.wait()
+    assert orchestrators.dvc_holder(tmp_path) is None  # its pid is gone
+
+
 # ---- item 3, without a pipeline: the checks themselves ---------------------------------------
 
 def test_prechecks_name_the_key_and_the_fix(params_file):

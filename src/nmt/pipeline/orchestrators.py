@@ -2,8 +2,9 @@
 outputs before they run it, so the second one started would delete files the first one's jobs
 are reading.
 
-DVC marks its run itself: `.dvc/tmp/lock`, an flock that `dvc repro` holds to the end (two
-DVC commands already refuse each other through it). Snakemake holds no such lock, so its
+DVC marks its run itself: `.dvc/tmp/lock`, an flock that DVC commands hold (two refuse each
+other through it), and, while a stage's command runs (when `dvc repro` holds no flock),
+`.dvc/tmp/rwlock`, which names its pid. Snakemake holds no such lock, so its
 `onstart` writes a marker, `.snakemake/nmt-running.<pid>`, removed by `onsuccess`/`onerror`.
 Every `nmt` stage command, and Snakemake's `onstart`, refuse when the other tool holds the
 folder and is not the process that started them. A marker or lock of a process that is gone
@@ -25,6 +26,9 @@ from nmt.core.errors import NmtError
 from nmt.core.runs import Run
 
 DVC_LOCK = Path(".dvc/tmp/lock")
+# While a stage's command runs, `dvc repro` (3.x) holds no DVC_LOCK: it records itself (pid,
+# command) in this file as the reader and writer of the stage's dependencies and outputs.
+DVC_RWLOCK = Path(".dvc/tmp/rwlock")
 MARKERS = Path(".snakemake")  # holds nmt-running.<pid>, one a running Snakemake
 
 
@@ -51,7 +55,7 @@ def dvc_holder(root: Path = Path(".")) -> int | None:
     try:
         lock = open(path)
     except (FileNotFoundError, IsADirectoryError):  # no DVC command ran here yet
-        return None
+        return running_stage(root)
     except PermissionError:
         raise NmtError(f"{path}: not readable, so whether dvc is running in this folder cannot "
                        f"be told (fix: chmod a+r {path}, or run in a copy you may write)") from None
@@ -62,6 +66,21 @@ def dvc_holder(root: Path = Path(".")) -> int | None:
             text = lock.read().strip()
             return int(text) if text.isdigit() else -1
         fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    return running_stage(root)
+
+
+def running_stage(root: Path = Path(".")) -> int | None:
+    """The pid of a live DVC command that DVC_RWLOCK names (one running a stage), else None."""
+    try:
+        entries = json.loads((root / DVC_RWLOCK).read_text() or "{}")
+    except (OSError, ValueError):
+        return None
+    for holders in (entries.get("write", {}), entries.get("read", {})):
+        for held in holders.values():
+            for info in held if isinstance(held, list) else [held]:
+                pid = info.get("pid") if isinstance(info, dict) else None
+                if isinstance(pid, int) and _alive(pid, "dvc"):
+                    return pid
     return None
 
 
