@@ -537,6 +537,34 @@ def test_a_damaged_cache_object_of_a_trained_model_is_found_and_its_fix_repairs_
 
 
 @pytest.mark.slow
+def test_dvcs_cache_gone_or_one_object_gone_is_named(trained):
+    """Issue 69 item 3: `nmt check` with DVC's cache gone said "0 damaged"; now one line for
+    the cache (`dvc checkout` can restore nothing) or, an object gone, one for its stage, each
+    with the fix, and exit status 1. Outputs kept out of the cache (`cache: false`) are none."""
+    cache = trained / ".dvc" / "cache"
+    aside = trained.parent / "cache-aside"
+    shutil.move(cache, aside)
+    try:
+        out = run(["nmt", "check"], trained, check=False)
+    finally:
+        shutil.move(aside, cache)
+    assert out.splitlines()[0].startswith(".dvc/cache: DVC's cache is gone"), out
+    assert "(fix: `dvc commit -f`" in out and "nmt.check: 1 damaged" in out
+    history = cache_object(trained, RUN / "history.csv")
+    kept = history.read_bytes()
+    history.unlink()
+    try:
+        out = run(["nmt", "check"], trained, check=False)
+    finally:
+        history.write_bytes(kept)
+    assert out.splitlines()[0] == (
+        f"{RUN}/history.csv: DVC's cached copy is missing, so `dvc checkout` cannot restore it "
+        "(fix: `dvc commit -f train@published-baseline-0`, from the workspace's copy, or "
+        "`dvc repro -f -s train@published-baseline-0`)"), out
+    assert run(["nmt", "check"], trained).startswith("nmt.check: 0 damaged")
+
+
+@pytest.mark.slow
 def test_a_time_stamp_in_the_future_is_one_line_before_snakemake_deletes_anything(trained):
     """Issue 58 item 7: data/tokenized stamped a day ahead. Snakemake ran vocab (its input is
     newer), then failed the job (its output older than its input) and deleted the vocabulary

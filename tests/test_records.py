@@ -154,6 +154,30 @@ def test_nmt_check_names_every_damaged_missing_or_unlisted_file_and_exits_1(prep
     assert "missing, but listed" in lines[2]
 
 
+@pytest.mark.parametrize("garbled, why", [
+    (b"9204244e408ccb38  train.en.tok\n", "line 5 is not `<sha256>  <file name>`"),  # short
+    (b"%s train.en.tok\n" % (b"a" * 64), "line 5 is not"),  # one space: no separator
+    (b"\xff\xfe not text\n", "is not UTF-8"),
+])
+def test_a_garbled_record_line_is_one_line_for_the_record(prepared, tmp_path, capsys, garbled,
+                                                          why):
+    """Issue 69 item 3: a SHA256SUMS line that is no `<sha256>  <name>`, or bytes that are no
+    UTF-8, is one line naming the record, its line and the fix, for `nmt check` and for a
+    reader alike: no traceback, and no phantom missing file beside the real one unlisted."""
+    from nmt.cli import main
+
+    folder = copy(prepared["tokenized"], tmp_path / "data" / "tokenized")
+    record = folder / RECORD
+    lines = record.read_bytes().splitlines(keepends=True)
+    record.write_bytes(b"".join(lines[:4] + [garbled] + lines[4:]))
+    assert main(["check", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(f"{record}: ") and why in out[0], out
+    assert "dvc repro -f -s tokenize" in out[0]
+    with pytest.raises(NmtError, match="the record is damaged"):
+        verified(folder / "train.en.tok")
+
+
 def test_a_damaged_cache_object_outside_the_checkout_is_named_never_removed(tmp_path, caplog):
     """A DVC cache set outside the checkout (`dvc cache dir`): a stage's re-run names its damaged
     object and the fix, and deletes nothing there."""

@@ -1,6 +1,7 @@
 """`nmt check`: is the data what its stages wrote? Every SHA256SUMS against its folder's files,
-and every DVC output's cache object against its name; one line for each damaged file, with
-its fix, and exit status 1 when there is one.
+and every DVC output's cache object against its name; one line for each damaged file, for a
+record that cannot be read as one, and for DVC's cached copies that are gone (the whole
+cache, or a stage's), with its fix, and exit status 1 when there is one.
 
 The readers check a file against its record only when they read it (nmt.core.records), and
 neither DVC (which trusts its cache and the time stamps of its state) nor Snakemake (time
@@ -15,7 +16,9 @@ import argparse
 import logging
 from pathlib import Path
 
-from nmt.core.dvc_cache import CachedFile, intact, md5, stage_files
+import yaml
+
+from nmt.core.dvc_cache import CachedFile, cache_folder, intact, md5, stage_files
 from nmt.core.errors import NmtError
 from nmt.core.records import RECORD, check_entry, covered_files, read_sums, recorded_stage
 
@@ -25,8 +28,8 @@ log = logging.getLogger("nmt.check")
 RECORDED = ("data", "results", "exports")
 
 HELP = ("Check that the data is what its stages wrote: every folder's SHA256SUMS against its "
-        "files, and DVC's cached copy of every output against its md5; one line for each "
-        "damaged file with its fix, exit status 1 if there is one.")
+        "files, and DVC's cached copy of every output against its md5 (or gone); one line for "
+        "each damaged or missing file with its fix, exit status 1 if there is one.")
 
 
 def arguments(s: argparse.ArgumentParser) -> None:
@@ -40,6 +43,9 @@ def command(args, params: dict) -> int:
     rerun_repairs = {recorded_stage(record) for record in records}
     damaged += [cache_line(c, args.root, c.stage in rerun_repairs)
                 for c in cached if not intact(c)]
+    damaged += missing_lines([c for c in cached if not c.object.is_file()
+                              and c.path.as_posix() not in uncached_outputs(args.root)],
+                             args.root)
     for line in damaged:
         print(line)
     log.info(f"{len(damaged)} damaged: checked {len(records)} SHA256SUMS and the DVC cache "
@@ -50,7 +56,10 @@ def command(args, params: dict) -> int:
 def record_lines(record: Path) -> list[str]:
     """One line for each file the record lists that is missing or differs, and each file in
     the folder it does not list."""
-    folder, listed = record.parent, read_sums(record)
+    try:
+        folder, listed = record.parent, read_sums(record)
+    except NmtError as e:  # the record itself: one line, not a line for each file it lists
+        return [str(e)]
     lines = []
     for name in sorted(set(covered_files(folder)) | set(listed)):
         try:
@@ -58,6 +67,40 @@ def record_lines(record: Path) -> list[str]:
         except NmtError as e:
             lines.append(str(e))
     return lines
+
+
+def missing_lines(missing: list[CachedFile], root: Path) -> list[str]:
+    """DVC's cached copies that are gone, which `dvc checkout` cannot restore: one line for
+    the whole cache when its folder is gone, else one a stage."""
+    if not missing:
+        return []
+    cache = cache_folder(root)
+    if cache is not None and not cache.is_dir():
+        return [f"{cache}: DVC's cache is gone, so `dvc checkout` can restore none of the "
+                f"{len(missing)} outputs dvc.lock lists (fix: `dvc commit -f`, which copies the "
+                "outputs in the workspace into it again, once the lines above, if any, are "
+                "mended)"]
+    by_stage: dict[str, list[CachedFile]] = {}
+    for cached in missing:
+        by_stage.setdefault(cached.stage, []).append(cached)
+    return [f"{files[0].path}{f' and {len(files) - 1} more' if len(files) > 1 else ''}: "
+            f"DVC's cached copy is missing, so `dvc checkout` cannot restore it (fix: "
+            f"`dvc commit -f {stage}`, from the workspace's copy, or `dvc repro -f -s {stage}`)"
+            for stage, files in by_stage.items()]
+
+
+def uncached_outputs(root: Path) -> set[str]:
+    """The outputs dvc.yaml keeps out of DVC's cache (`cache: false`: params/sources.sha256),
+    by the path dvc.lock gives them: they have no cached copy to miss."""
+    try:
+        stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError):
+        return set()
+    return {path for stage in stages.values()
+            for out in [*(stage.get("outs") or []), *(stage.get("metrics") or []),
+                        *(stage.get("plots") or [])]
+            if isinstance(out, dict) for path, opts in out.items()
+            if (opts or {}).get("cache") is False and "${" not in path}
 
 
 def cache_line(cached: CachedFile, root: Path, rerun_repairs: bool) -> str:

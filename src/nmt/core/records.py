@@ -16,6 +16,7 @@ as it is: the record guards the pipeline's own outputs, it does not forbid other
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from nmt.core.dvc_cache import evict_damaged
@@ -27,6 +28,8 @@ RECORD = "SHA256SUMS"
 # when it made the folder. Neither recorded nor an unlisted file.
 TOOL_FILES = (".snakemake_timestamp",)
 STAGE = "# written by DVC stage "  # the record's first line, then the stage's name
+# A line of `sha256sum`'s output: the digest, a space, ` ` (text) or `*` (binary), the name.
+SUM_LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 
 
 def write_record(folder: Path, stage: str) -> None:
@@ -48,17 +51,36 @@ def covered_files(folder: Path) -> list[str]:
 
 def read_sums(path: Path) -> dict[str, str]:
     """file name -> sha256, from a `sha256sum` style file ({} when it is missing); `#` lines
-    are comments."""
+    are comments. A line that is no `<sha256>  <name>`, or bytes that are no UTF-8, is one
+    NmtError for the record (it is damaged), not a file taken for missing or unlisted."""
     if not Path(path).is_file():
         return {}
-    return {name: digest for digest, name in
-            (line.split(maxsplit=1) for line in Path(path).read_text().splitlines()
-             if line.strip() and not line.startswith("#"))}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise unreadable(Path(path), f"byte {e.start} is not UTF-8") from None
+    sums = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        if not (match := SUM_LINE.match(line)):
+            raise unreadable(Path(path), f"line {number} is not `<sha256>  <file name>`")
+        sums[match.group(2)] = match.group(1)
+    return sums
+
+
+def unreadable(record: Path, why: str) -> NmtError:
+    """The one line for a record that cannot be read as one, with the fix: its stage re-run
+    (the record names it), else the file restored."""
+    stage = recorded_stage(record)
+    fix = (f"`dvc repro -f -s {stage}`, or `rm -r {record.parent}` and run snakemake again"
+           if stage else f"restore it (`git checkout -- {record}` where git tracks it)")
+    return NmtError(f"{record}: {why}, so the record is damaged (fix: {fix})")
 
 
 def recorded_stage(record: Path) -> str | None:
     """The DVC stage a record names on its first line (None: a record without one)."""
-    with open(record, encoding="utf-8") as f:
+    with open(record, encoding="utf-8", errors="replace") as f:
         first = f.readline()
     if not first.startswith(STAGE):
         return None
