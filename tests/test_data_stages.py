@@ -13,7 +13,7 @@ from conftest import REPO
 from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID, SPECIALS, load_codecs
 from nmt.core.data import Batches, load_pairs, padding_fraction, sentence_batches, token_batches
 from nmt.core.errors import NmtError
-from nmt.core.files import sha256
+from nmt.core.files import sha256, utf8_lines
 from nmt.core.records import RECORD, read_sums
 from nmt.core.text import (
     detokenize,
@@ -188,6 +188,24 @@ def test_truncated_or_corrupt_raw_file(prepared, tmp_path):
     assert str(err.value) == (f"{raw / 'val.de.gz'}: line 5 is not UTF-8 (byte 7 of the line) "
                               "(fix: re-run `nmt download`)")
     assert not (tmp_path / "tok").exists()
+
+
+def test_a_byte_order_mark_opening_a_raw_file_is_no_token(prepared, tmp_path):
+    """Issue 69 item 7: a corpus saved by Windows tools opens each file with a UTF-8 BOM, which
+    stuck to the first token of every tokenized file; one inside a line is text and stays."""
+    raw = tmp_path / "raw"
+    shutil.copytree(prepared["raw"], raw)
+    (raw / RECORD).unlink()  # edited by hand: read as it is
+    for lang in ("de", "en"):
+        lines = gzip.decompress((raw / f"val.{lang}.gz").read_bytes())
+        (raw / f"val.{lang}.gz").write_bytes(gzip.compress("\ufeff".encode() + lines))
+    tokenize({"data": DATA, "tokenize": TOKENIZE}, TokenizePaths(raw, tmp_path / "tok"))
+    for lang in ("de", "en"):
+        first = (tmp_path / "tok" / f"val.{lang}.tok").read_text(encoding="utf-8")
+        assert "\ufeff" not in first, lang
+        assert first.split("\n")[0] == (prepared["tokenized"] / f"val.{lang}.tok").read_text(
+            encoding="utf-8").split("\n")[0]
+    assert list(utf8_lines([b"a\n", "\ufeffb\n".encode()], "x", "y")) == ["a\n", "\ufeffb\n"]
 
 
 def test_vocab_order_specials_and_min_freq():

@@ -169,10 +169,12 @@ def restore_aside(path: Path) -> None:
 
 def utf8_lines(binary: Iterable[bytes], where: str, fix: str) -> Iterator[str]:
     """The lines of a file opened in binary mode, decoded one by one, so that a byte that is
-    not UTF-8 is named by its line: `<where>: line N is not UTF-8 (byte B of the line)`."""
+    not UTF-8 is named by its line: `<where>: line N is not UTF-8 (byte B of the line)`. A
+    byte-order mark opening the file (Windows tools write one) marks the encoding and is no
+    text: it goes, where it would have stuck to the first token."""
     for number, raw in enumerate(binary, 1):
         try:
-            yield raw.decode("utf-8")
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError as e:
             raise NmtError(f"{where}: line {number} is not UTF-8 (byte {e.start + 1} of the "
                            f"line) (fix: {fix})") from None
