@@ -149,7 +149,7 @@ def test_prechecks_name_the_key_and_the_fix(params_file):
         preflight.check_devices(params)
     params["data"]["testsets"] = ["test_2016_flickr", "test_2018_flickr"]
     root = params_file.parent
-    (root / "workflow" / "multi30k.sha256").write_text("abc  train.de.gz\n")
+    (root / "workflow" / "multi30k.sha256").write_text(f"{'a' * 64}  train.de.gz\n")
     with pytest.raises(NmtError, match="train.en.gz has no pinned sha256"):
         preflight.check_settings(params, root)
 
@@ -197,7 +197,8 @@ def test_an_unwritable_results_folder_is_named():
                   "pipeline": {"recipes": ["published"]}, "recipes": {"published": {}}}
         (root / "workflow").mkdir(mode=0o755)
         (root / "workflow" / "multi30k.sha256").write_text(
-            "".join(f"x  {s}.{lang}.gz\n" for s in ("train", "val") for lang in ("de", "en")))
+            "".join(f"{'0' * 64}  {s}.{lang}.gz\n" for s in ("train", "val")
+                    for lang in ("de", "en")))
         assert as_nobody(preflight.check_settings, params, root) == (
             f"{root}/results/published-scratch-s0: not writable, and the pipeline writes there "
             f"(fix: chmod u+w {root}/results/published-scratch-s0, or run in a copy you may "
