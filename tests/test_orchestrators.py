@@ -111,7 +111,7 @@ def test_dvc_holding_its_lock_is_seen_and_released_lock_is_not(tmp_path):
 
 def test_a_dvc_repro_running_a_stage_is_seen(tmp_path):
     """While a stage's command runs, `dvc repro` holds no flock on .dvc/tmp/lock (DVC 3.67):
-    the guard finds it in .dvc/tmp/rwlock, and Snakemake would be refused."""
+    Snakemake's onstart finds it in .dvc/tmp/rwlock and refuses to start."""
     from tiny import BIN
 
     subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
@@ -123,14 +123,15 @@ def test_a_dvc_repro_running_a_stage_is_seen(tmp_path):
             if (tmp_path / orchestrators.DVC_RWLOCK).is_file():
                 break
             time.sleep(0.1)
-        assert orchestrators.dvc_holder(tmp_path) == dvc.pid
+        assert orchestrators.dvc_holder(tmp_path, stages=True) == dvc.pid
         with pytest.raises(NmtError, match=f"dvc \\(pid {dvc.pid}\\) is running"):
-            orchestrators.refuse_others(tmp_path, "snakemake")
+            orchestrators.claim_for_snakemake(tmp_path)
+        assert not list((tmp_path / orchestrators.MARKERS).glob("nmt-running.*"))
     finally:  # with its stage's command, which DVC starts in a session of its own
         for process in [*psutil.Process(dvc.pid).children(recursive=True), dvc]:
             process.kill()
         dvc.wait()
-    assert orchestrators.dvc_holder(tmp_path) is None  # its pid is gone
+    assert orchestrators.dvc_holder(tmp_path, stages=True) is None  # its pid is gone
 
 
 # ---- item 3, without a pipeline: the checks themselves ---------------------------------------

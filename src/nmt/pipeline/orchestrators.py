@@ -46,8 +46,9 @@ def _alive(pid: int, name: str) -> bool:
         return False
 
 
-def dvc_holder(root: Path = Path(".")) -> int | None:
-    """The pid of the DVC command holding root's repository lock, else None. Probing takes a
+def dvc_holder(root: Path = Path("."), stages: bool = False) -> int | None:
+    """The pid of the DVC command holding root's repository lock (stages: or running a
+    stage's command there, DVC_RWLOCK), else None. Probing takes a
     shared lock for an instant (DVC takes it exclusively; a DVC starting just then retries for
     seconds, as it does anyway). The file is opened to read only, so a checkout this user may
     not write (read-only, another user's) is probed too."""
@@ -55,7 +56,7 @@ def dvc_holder(root: Path = Path(".")) -> int | None:
     try:
         lock = open(path)
     except (FileNotFoundError, IsADirectoryError):  # no DVC command ran here yet
-        return running_stage(root)
+        return running_stage(root) if stages else None
     except PermissionError:
         raise NmtError(f"{path}: not readable, so whether dvc is running in this folder cannot "
                        f"be told (fix: chmod a+r {path}, or run in a copy you may write)") from None
@@ -66,7 +67,7 @@ def dvc_holder(root: Path = Path(".")) -> int | None:
             text = lock.read().strip()
             return int(text) if text.isdigit() else -1
         fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-    return running_stage(root)
+    return running_stage(root) if stages else None
 
 
 def running_stage(root: Path = Path(".")) -> int | None:
@@ -99,9 +100,12 @@ def snakemake_holders(root: Path = Path(".")) -> list[int]:
     return pids
 
 
-def refuse_others(root: Path = Path("."), doing: str = "this command") -> None:
-    """Stop with one line when the other orchestrator runs in root and did not start us."""
-    dvc = dvc_holder(root)
+def refuse_others(root: Path = Path("."), doing: str = "this command",
+                  stages: bool = False) -> None:
+    """Stop with one line when the other orchestrator runs in root and did not start us;
+    stages: a `dvc repro` running a stage's command counts too (Snakemake's onstart: a job of
+    a Snakemake that holds the folder goes on, and the DVC stage started after refuses)."""
+    dvc = dvc_holder(root, stages)
     if dvc is not None and not (dvc > 0 and _is_mine(dvc)):
         who = f"dvc (pid {dvc})" if dvc > 0 else "dvc"
         raise NmtError(f"{who} is running in this folder and {doing} would change files "
@@ -114,8 +118,9 @@ def refuse_others(root: Path = Path("."), doing: str = "this command") -> None:
 
 
 def claim_for_snakemake(root: Path = Path(".")) -> None:
-    """Snakemake's onstart: refuse if DVC holds the folder, else mark it as Snakemake's."""
-    refuse_others(root, "snakemake")
+    """Snakemake's onstart: refuse if DVC holds the folder or runs a stage there, else mark
+    it as Snakemake's."""
+    refuse_others(root, "snakemake", stages=True)
     marker = root / MARKERS / f"nmt-running.{os.getpid()}"
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
