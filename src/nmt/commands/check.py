@@ -43,9 +43,9 @@ def command(args, params: dict) -> int:
     rerun_repairs = {recorded_stage(record) for record in records}
     damaged += [cache_line(c, args.root, c.stage in rerun_repairs)
                 for c in cached if not intact(c)]
+    uncached = uncached_outputs(args.root)
     damaged += missing_lines([c for c in cached if not c.object.is_file()
-                              and c.path.as_posix() not in uncached_outputs(args.root)],
-                             args.root)
+                              and c.path.as_posix() not in uncached], args.root)
     for line in damaged:
         print(line)
     log.info(f"{len(damaged)} damaged: checked {len(records)} SHA256SUMS and the DVC cache "

@@ -74,17 +74,22 @@ def md5(path: Path) -> str:
         return hashlib.file_digest(f, "md5").hexdigest()
 
 
+def locked_stages(root: Path) -> dict:
+    """dvc.lock's stages by name ({} without one, or with one DVC itself will say is broken)."""
+    lock = Path(root) / "dvc.lock"
+    try:
+        return (yaml.load(lock.read_text(), Loader=YAML_LOADER) or {}).get("stages") or {}
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return {}
+
+
 def stage_files(root: Path, stage: str | None = None) -> list[CachedFile]:
     """The files of every DVC output in root's dvc.lock (or `stage`'s only): each file output,
     and each folder output's .dir object with the files it lists (those of an intact .dir)."""
-    cache, lock = cache_folder(root), Path(root) / "dvc.lock"
-    if cache is None or not lock.is_file():
+    cache = cache_folder(root)
+    if cache is None:
         return []
-    try:
-        stages = (yaml.load(lock.read_text(), Loader=YAML_LOADER) or {}).get("stages") or {}
-    except (yaml.YAMLError, OSError, UnicodeDecodeError):
-        return []  # DVC itself says what is wrong with its lock file
-    files = []
+    stages, files = locked_stages(root), []
     for name, entry in stages.items():
         if stage not in (None, name):
             continue

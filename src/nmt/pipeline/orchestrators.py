@@ -20,8 +20,8 @@ import socket
 from pathlib import Path
 
 import psutil
-import yaml
 
+from nmt.core.dvc_cache import locked_stages
 from nmt.core.errors import NmtError
 from nmt.core.runs import Run
 
@@ -143,7 +143,6 @@ def made_by_snakemake(runs: list[Run], root: Path = Path(".")) -> list[Run]:
     """Of the runs, those whose training is complete in root but that dvc.lock does not know:
     Snakemake made them (or DVC's record of them is gone), and `dvc repro` would delete them
     and train them again."""
-    lock = root / "dvc.lock"
-    known = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) if lock.is_file() else {}
+    known = locked_stages(root)
     return [run for run in runs if run.dvc_stage("train") not in known
             and run.files(root / "results").summary.is_file()]

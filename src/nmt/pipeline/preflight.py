@@ -20,7 +20,7 @@ from pathlib import Path
 from nmt.core.errors import NmtError
 from nmt.core.files import not_a_folder
 from nmt.core.records import check_folder
-from nmt.core.runs import Run
+from nmt.core.runs import runs
 from nmt.pipeline.corpora.kinds import kind_of
 from nmt.pipeline.corpus import corpus_recipe, corpus_settings
 from nmt.pipeline.orchestrators import made_by_snakemake
@@ -165,10 +165,7 @@ def _walk(path: Path):
 def check_known_to_dvc(params: dict, root: Path = Path(".")) -> None:
     """Under `dvc repro`: refuse, before any training is deleted, when trained runs of the
     pipeline are missing from dvc.lock (Snakemake made them), which DVC would train again."""
-    pipeline = params["pipeline"]
-    runs = [Run(r, m, s) for r in pipeline["recipes"] for m in pipeline["models"]
-            for s in pipeline["seeds"]]
-    unknown = made_by_snakemake(runs, root)
+    unknown = made_by_snakemake(runs(params), root)
     if unknown:
         shown = ", ".join(run.name for run in unknown[:3]) + (" ..." if len(unknown) > 3 else "")
         raise NmtError(f"{len(unknown)} trained run(s) ({shown}) are not in dvc.lock: "

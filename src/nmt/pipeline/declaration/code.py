@@ -92,9 +92,13 @@ def imports(path: Path, module: str) -> set[str]:
     """Every nmt module the file `module` (its dotted name) imports, at its top or inside a
     function. The file is parsed, not imported."""
     path = Path(path)
-    is_package = path.name == "__init__.py"
-    src = path.parents[len(module.split(".")) - (0 if is_package else 1)]
-    return imported([ast.parse(path.read_text())], module, is_package, src)
+    return imported([ast.parse(path.read_text())], module, *package_and_src(path, module))
+
+
+def package_and_src(path: Path, module: str) -> tuple[bool, Path]:
+    """Whether the file `module` is a package's __init__, and the folder that holds nmt."""
+    is_package = Path(path).name == "__init__.py"
+    return is_package, Path(path).parents[len(module.split(".")) - (0 if is_package else 1)]
 
 
 def units(src: Path) -> list[str]:
@@ -179,8 +183,8 @@ def _file_imports(path: str, module: str, mtime_ns: int, size: int) -> frozenset
 
 def computation(path: Path) -> list[ast.stmt]:
     """A stage module's top-level statements above its command line (COMMAND_LINE_STARTS;
-    a module without that line is computation whole), less its imports. Refused: two such
-    lines, or a COMMAND_LINE name above it."""
+    a module without that line is computation whole), its imports included. Refused: two
+    such lines, or a COMMAND_LINE name above it."""
     text = Path(path).read_text()
     lines = [i + 1 for i, line in enumerate(text.splitlines()) if COMMAND_LINE_STARTS.match(line)]
     if len(lines) > 1:
@@ -191,7 +195,7 @@ def computation(path: Path) -> list[ast.stmt]:
     misplaced = sorted(COMMAND_LINE & set().union(*map(bound, above)))
     if misplaced and lines:
         raise ValueError(f"{path}: {', '.join(misplaced)} above the command line's first line")
-    return [s for s in above if not isinstance(s, (ast.Import, ast.ImportFrom))]
+    return above
 
 
 def bound(statement: ast.stmt) -> set[str]:
@@ -212,16 +216,14 @@ def used(statement: ast.stmt) -> set[str]:
 def computation_imports(path: Path, module: str) -> set[str]:
     """The nmt modules a stage module's computation imports: the imports inside it, and the
     top-level ones whose names it uses. The command line's own are left out."""
-    kept = computation(path)
+    above = computation(path)
+    kept = [s for s in above if not isinstance(s, (ast.Import, ast.ImportFrom))]
     names = set().union(*map(used, kept))
-    top = ast.parse(Path(path).read_text()).body
     aliases = [ast.ImportFrom(module=s.module, names=[a], level=s.level)
                if isinstance(s, ast.ImportFrom) else ast.Import(names=[a])
-               for s in top if isinstance(s, (ast.Import, ast.ImportFrom))
+               for s in above if isinstance(s, (ast.Import, ast.ImportFrom))
                for a in s.names if (a.asname or a.name.split(".")[0]) in names]
-    is_package = Path(path).name == "__init__.py"
-    src = Path(path).parents[len(module.split(".")) - (0 if is_package else 1)]
-    return imported(kept + aliases, module, is_package, src)
+    return imported(kept + aliases, module, *package_and_src(path, module))
 
 
 def shared_code(src: Path) -> list[str]:

@@ -78,15 +78,18 @@ def render_dvc(path: Path = DECLARATION) -> str:
     return HEADER + body
 
 
+def model_modules(path: Path = DECLARATION) -> dict[str, list[str]]:
+    """Each registered model -> the modules its jobs run beyond the shared code
+    (nmt.pipeline.declaration.code.model_code): workflow/code/<model>/'s links, and
+    Snakemake's MODEL_CODE."""
+    src = Path(path).parent.parent / Path(CODE).parent
+    shared = shared_code(src)
+    return {model: [m for m in model_code(model, src) if m not in shared]
+            for model in registered(src)}
+
+
 def model_links(path: Path = DECLARATION) -> dict[Path, str]:
     """Every link of workflow/code/ (relative to the repository) -> what it points to,
-    relative to its folder: per model, one to each module its jobs run beyond the shared
-    code (nmt.pipeline.declaration.code.model_code)."""
-    src = Path(path).parent.parent / Path(CODE).parent
-    shared, out = shared_code(src), {}
-    for model in registered(src):
-        for module in model_code(model, src):
-            if module not in shared:
-                link = MODEL_LINKS / model / module.replace("/", ".")
-                out[link] = f"../../../{CODE}/{module}"
-    return out
+    relative to its folder: one a module of each model (model_modules)."""
+    return {MODEL_LINKS / model / module.replace("/", "."): f"../../../{CODE}/{module}"
+            for model, modules in model_modules(path).items() for module in modules}

@@ -21,7 +21,7 @@ from nmt.pipeline.declaration.declared import (
     lookup,
     placeholders,
 )
-from nmt.pipeline.declaration.dvc import model_links
+from nmt.pipeline.declaration.dvc import model_modules
 
 SNAKEMAKE_RULES = Path("workflow/rules/stages.smk")
 CONDA_ENV = "../envs/nmt.yaml"  # workflow/envs/nmt.yaml, relative to the rules file
@@ -240,19 +240,9 @@ def render_snakemake(path: Path = DECLARATION) -> str:
             "# Each model's modules (its registry entry and what that names): a job of one",
             "# model (train, evaluate, export) runs its own model's only.",
             "MODEL_CODE = {"]
-    models = next((s.model_code for s in stages.values() if s.model_code), {})
-    links = model_code_lists(path)
-    for model in models:
-        head += [f"    {quote(model)}: ["] + [f"        {item}," for item in links[model]]
+    for model, modules in model_modules(path).items():
+        head += [f"    {quote(model)}: ["] + [f"        {item}," for item in code_items(modules)]
         head += ["    ],"]
     head += ["}"]
     return "\n\n".join([SMK_HEADER + "\n" + "\n".join(head) + "\n"]
                        + [smk_rule(s, stages) for s in stages.values()] + [all_rule(stages)])
-
-
-def model_code_lists(path: Path) -> dict[str, list[str]]:
-    """Each model's modules as quoted repository paths (the links' targets: dvc.py)."""
-    out: dict[str, list[str]] = {}
-    for link, target in model_links(path).items():
-        out.setdefault(link.parent.name, []).append(quote(target.removeprefix("../../../")))
-    return out
