@@ -53,8 +53,10 @@ def summarize(trainer: Trainer, progress: Progress, averaged: float | None) -> d
         "averaged_valid_loss": averaged, "updates": progress.step,
         "seconds_per_epoch": round(sum(r["seconds"] for r in history) / len(history), 2),
         # the budget: training and validation passes, interruptions not counted
+        # to 4 places (6 ms): a tiny run's minutes rounded to 2 were 0.0, and so was the
+        # ms per update tools/precision_check.py derives from them
         "train_minutes": round((sum(r["seconds"] for r in history) + progress.valid_seconds)
-                               / 60, 2),
+                               / 60, 4),
         "tokens_per_second": round(sum(r["tokens_per_second"] for r in history) / len(history)),
         "train_pairs": len(trainer.train_batches.pairs),
         "pad_multiple": trainer.train_batches.pad_multiple,  # train.pad_multiple resolved
