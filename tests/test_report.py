@@ -238,10 +238,39 @@ def test_head_answers_with_numbers(full):
     summary = pd.read_csv(paths["reports"] / "results_summary.csv")
     s = summary[(summary.recipe == "published") & (summary.model == "scratch")
                 & (summary.testset == T16)].iloc[0]
-    assert f"On {T16} with the `published` recipe (mean of 2 seeds)" in head
-    assert f"test loss {s.loss:.4f} and {s.bleu:.2f} BLEU" in head
-    assert "Welch t-test over the seeds: scratch - baseline:" in head
+    b = summary[(summary.recipe == "published") & (summary.model == "baseline")
+                & (summary.testset == T16)].iloc[0]
+    verdict = next(v for v in json.loads((paths["reports"] / "statistics.json").read_text())[
+        "verdicts"] if v["recipe"] == "published" and v["system"] == "scratch")
+    # the first words: the verdict at the margin, plainly, then the sentence with its numbers
+    assert head.startswith(f"# Transformer from scratch vs torch.nn.Transformer: Multi30k de→en"
+                           f"\n\n**Verdict on {T16}, `published` recipe, 2 seeds a model: the "
+                           "from-scratch Transformer and torch.nn.Transformer "
+                           + rp.answer.PLAIN[verdict["outcome"]].format(m=0.02) + ".** "
+                           + verdict["sentence"]), head[:400]
+    assert f"BLEU (beam): {s.bleu:.2f} against {b.bleu:.2f}; Welch t-test over the seeds: " \
+        "scratch - baseline:" in head
     assert "The best system on" in head
+
+
+@pytest.mark.parametrize("outcome", ["equivalent", "different", "undecided", "one seed"])
+def test_the_first_sentence_is_the_verdict_at_the_margin(tmp_path, mirror, outcome):
+    """Planted test losses (three seeds, or one) decide the report's first words."""
+    seeds = [0] if outcome == "one seed" else [0, 1, 2]
+    params, paths = fake_tree(tmp_path, mirror, ["demo"], ["baseline", "scratch"], seeds, [T16])
+    if outcome != "one seed":
+        plant_losses(paths["results"], "demo", PLANTED[outcome])
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    first = (paths["reports"] / "report.md").read_text("utf-8").split("\n")[2]
+    plain = {"equivalent": "train alike: their test losses are equivalent within 0.02",
+             "different": "do not train alike: their test losses differ by more than 0.02",
+             "undecided": "may or may not train alike: the seeds cannot yet tell",
+             "one seed": "have one seed each, so whether they train alike"}[outcome]
+    n = len(seeds)
+    assert first.startswith(f"**Verdict on {T16}, `demo` recipe, {n} seed{'s' * (n > 1)} a "
+                            f"model: the from-scratch Transformer and torch.nn.Transformer "
+                            f"{plain}"), first
 
 
 def test_figures_exist_and_are_linked_relatively(full):
@@ -415,16 +444,21 @@ PLANTED = {
 }
 
 
+def plant_losses(results: Path, recipe: str, losses: tuple[list, list]) -> None:
+    """Each seed's test loss on T16 in metrics.json: scratch's, then the baseline's."""
+    for model, planted in zip(("scratch", "baseline"), losses, strict=True):
+        for seed, loss in enumerate(planted):
+            path = Run(recipe, model, seed).dir(results) / "metrics.json"
+            metrics = json.loads(path.read_text())
+            metrics[T16]["loss"] = loss
+            write_json(path, metrics)
+
+
 @pytest.mark.parametrize("outcome", list(PLANTED))
 def test_the_verdict_over_three_seeds_says_where_the_interval_lies(tmp_path, mirror, outcome):
     params, paths = fake_tree(tmp_path, mirror, ["published"], ["baseline", "scratch"],
                               [0, 1, 2], [T16])
-    for model, losses in zip(("scratch", "baseline"), PLANTED[outcome], strict=True):
-        for seed, loss in enumerate(losses):
-            path = Run("published", model, seed).dir(paths["results"]) / "metrics.json"
-            metrics = json.loads(path.read_text())
-            metrics[T16]["loss"] = loss
-            write_json(path, metrics)
+    plant_losses(paths["results"], "published", PLANTED[outcome])
     rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
                                paths["reports"]))
     text = (paths["reports"] / "report.md").read_text("utf-8")

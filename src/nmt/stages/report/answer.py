@@ -18,12 +18,23 @@ def headline_recipe(inp: Inputs) -> str:
     return "published" if "published" in inp.recipes else inp.recipes[0]
 
 
+# The first sentence's verdict on the architectures, by where the Welch interval of the
+# test-loss difference lies against ±margin (stats.loss_verdict's outcome).
+PLAIN = {"equivalent": "train alike: their test losses are equivalent within {m:g} nats a token",
+         "different": "do not train alike: their test losses differ by more than {m:g}",
+         "undecided": "may or may not train alike: the seeds cannot yet tell whether their test "
+                      "losses are within {m:g} (undecided; more seeds narrow the interval)",
+         "one seed": "have one seed each, so whether they train alike (test losses within "
+                     "{m:g}) is not measured"}
+
+
 def head_section(inp: Inputs) -> list[str]:
-    """The title and the answer in two sentences, with the numbers."""
+    """The title and the answer: the verdict at the margin over the seeds, its numbers, BLEU,
+    and the best system."""
     testset, recipe = inp.testsets[0], headline_recipe(inp)
     n = len(inp.seeds)
-    means = f"mean of {n} seeds" if n > 1 else "one seed"
     if "scratch" in inp.models and BASELINE in inp.models:
+        v = inp.verdicts[recipe, "scratch"]
         s, b = inp.cell(recipe, "scratch", testset), inp.cell(recipe, BASELINE, testset)
         # Several seeds: the test over seeds (training noise included); else the bootstrap.
         bleu = {(c.kind, c.seed): c for c in inp.comparisons[recipe, "scratch", testset]
@@ -31,10 +42,10 @@ def head_section(inp: Inputs) -> list[str]:
         test = bleu.get(("seeds", None)) or bleu["bootstrap", inp.seeds[0]]
         how = ("Welch t-test over the seeds" if test.kind == "seeds"
                else f"paired bootstrap of seed {inp.seeds[0]}'s outputs")
-        first = (f"On {testset} with the `{recipe}` recipe ({means}), the from-scratch "
-                 f"Transformer reaches test loss {s.loss:.4f} and {s.bleu:.2f} BLEU against "
-                 f"{b.loss:.4f} and {b.bleu:.2f} for torch.nn.Transformer; {how}: "
-                 f"{stats.verdict(test)}.")
+        first = (f"**Verdict on {testset}, `{recipe}` recipe, {n} seed{'s' * (n > 1)} a model: "
+                 "the from-scratch Transformer and torch.nn.Transformer "
+                 f"{PLAIN[v['outcome']].format(m=v['margin'])}.** {v['sentence']} BLEU (beam): "
+                 f"{s.bleu:.2f} against {b.bleu:.2f}; {how}: {stats.verdict(test)}.")
     else:
         first = (f"Models run: {', '.join(inp.models)}; without both `scratch` and `baseline` "
                  "there is no from-scratch vs torch.nn.Transformer comparison.")
