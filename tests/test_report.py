@@ -19,6 +19,8 @@ from nmt.core.files import write_json, write_text
 from nmt.core.runs import Run
 from nmt.pipeline.params import load_params
 from nmt.stages import report as rp
+from nmt.stages.report.figures import plot_losses
+from nmt.stages.report.load import load
 
 REPO = Path(__file__).resolve().parents[1]
 T16, T17 = "test_2016_flickr", "test_2017_flickr"
@@ -546,3 +548,70 @@ def test_the_recipes_that_take_a_departure_back_sit_beside_the_reference(tmp_pat
     assert "| 4 | 2.000 | 2.000 | 3.11 | 2.400 | 3.500 | 3.15 |" in text
     assert "| 5 |" not in text.split("beside the published runs'")[1].split("##")[0]
     assert "ours (mean of seeds [0, 1]) beside the published runs'" in text
+
+
+def plant_test_losses(results: Path, run: Run, per_token: float, batch_mean: float) -> None:
+    """A run's per-sentence losses on T16 whose token mean is per_token and whose mean of
+    32-sentence batch means is batch_mean: the first batch's sentences long (20 tokens), the
+    rest short (5), each batch's token mean solved for; metrics.json's loss agrees."""
+    n = SENTENCES
+    tokens = [20] * 32 + [5] * (n - 32)
+    long, short = sum(tokens[:32]), sum(tokens[32:])
+    first = (per_token * (long + short) - 2 * batch_mean * short) / (long - short)
+    second = 2 * batch_mean - first
+    losses = [t * (first if i < 32 else second) for i, t in enumerate(tokens)]
+    folder = run.dir(results)
+    write_lines(folder / "translations" / f"{T16}.loss.tsv",
+                [f"{x!r}\t{t}" for x, t in zip(losses, tokens, strict=True)])
+    metrics = json.loads((folder / "metrics.json").read_text())
+    metrics[T16]["loss"] = per_token
+    write_json(folder / "metrics.json", metrics)
+
+
+@pytest.mark.parametrize("case", ["ruled out", "accounts for it", "part of it"])
+def test_the_reference_gap_and_the_averaging_follow_the_losses(tmp_path, mirror, case):
+    """The reference section's gap and its verdict on the loss averaging come from the runs'
+    per-sentence losses: planted so that the reference's averaging moves ours by nothing, by
+    the whole gap or by half of it, the sentence says so (and never 'small differences are
+    expected', the explanation the H200 run's losses contradicted)."""
+    params, paths = fake_tree(tmp_path, mirror, ["published"], ["baseline", "scratch"], [0, 1],
+                              [T16])
+    published = {"baseline": 2.0176, "scratch": 2.0239}
+    for model, seed in itertools.product(published, (0, 1)):
+        ours = 1.92
+        averaged = {"ruled out": ours, "accounts for it": published[model],
+                    "part of it": (ours + published[model]) / 2}[case]
+        plant_test_losses(paths["results"], Run("published", model, seed), ours, averaged)
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    text = (paths["reports"] / "report.md").read_text("utf-8")
+    section = text.split("## Against the published reference")[1].split("\n## ")[0]
+    assert (f"The gap on {T16}, ours minus published (mean over seeds [0, 1]): baseline 1.9200 "
+            "against 2.0176 (-0.098), scratch 1.9200 against 2.0239 (-0.104).") in section
+    share = {"ruled out": "0%", "accounts for it": "100%", "part of it": "50%"}[case]
+    assert "ours would read baseline " in section and f"{share} of its gap)" in section
+    cause = {"ruled out": "so the averaging is ruled out as the cause",
+             "accounts for it": "so the averaging accounts for the gap.",
+             "part of it": "so the averaging accounts for part of the gap, not all."}[case]
+    assert cause in section, section
+    assert "small differences are expected" not in text
+    assert ("`published_random` (random batches) has not run; `published_faithful` (random "
+            "batches, fp32) has not run.") in section
+
+
+def test_the_loss_figure_draws_the_published_curves_beside_ours(tmp_path, mirror):
+    """The published recipe's panel holds the reference's validation curves, labelled; a
+    recipe of another size has none; the report says what the dotted lines are."""
+    params, paths = fake_tree(tmp_path, mirror, ["published", "demo"],
+                              ["baseline", "scratch", "decoder_only"], [0], [T16])
+    inp = load(params, paths["tokenized"], paths["vocab"], paths["results"])
+    legends = plot_losses(inp, tmp_path / "loss.png")
+    assert_real_png(tmp_path / "loss.png", min_width=1000)
+    assert [x for x in legends["published"] if "published" in x] == [
+        "baseline valid (published)", "scratch valid (published)"]
+    assert not [x for x in legends["demo"] if "published" in x]
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    text = (paths["reports"] / "report.md").read_text("utf-8")
+    assert ("Dotted, on the panel of `published`: the published runs' validation loss, the "
+            "epochs the reference reports.") in text

@@ -15,25 +15,42 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from nmt.core.files import atomic_path, read_json  # noqa: E402
 from nmt.core.runs import Run  # noqa: E402
 from nmt.stages.report.inputs import Inputs, need  # noqa: E402
+from nmt.stages.report.reference import PUBLISHED, REFERENCE_RECIPES  # noqa: E402
 
 # history.csv's columns that the loss figure draws; every other one gets its own panel in the
 # training figure (lr, grad_norm, seconds, tokens_per_second, and any number a run logs later)
 LOSS_COLUMNS = ("epoch", "train_loss", "valid_loss")
 
 
-def plot_losses(inp: Inputs, path: Path) -> None:
+def plot_losses(inp: Inputs, path: Path) -> dict[str, list[str]]:
     """Train (dashed) and validation (solid) loss per epoch, one panel a recipe: each seed a
-    thin line, the mean over seeds bold, one colour a model."""
+    thin line, the mean over seeds bold, one colour a model; on the panels of the recipes that
+    reproduce the published runs, their validation loss dotted. Returns each panel's legend."""
     n = len(inp.recipes)
     fig, axes = plt.subplots(1, n, figsize=(6 * n, 4.2), squeeze=False)
+    legends = {}
     for ax, recipe in zip(axes[0], inp.recipes, strict=True):
         for column, style, what in (("train_loss", "--", "train"), ("valid_loss", "-", "valid")):
             plot_seeds(ax, inp, recipe, column, style, what)
+        plot_published(ax, inp, recipe)
         seeds = f", mean of {len(inp.seeds)} seeds (thin: each seed)" if len(inp.seeds) > 1 else ""
         ax.set(title=f"recipe: {recipe}{seeds}", xlabel="epoch", ylabel="loss per token")
-        ax.legend(fontsize=8)
+        legends[recipe] = [text.get_text() for text in ax.legend(fontsize=8).get_texts()]
     fig.tight_layout()
     save(fig, path)
+    return legends
+
+
+def plot_published(ax, inp: Inputs, recipe: str) -> None:
+    """The published runs' validation loss by epoch (reference.PUBLISHED, the epochs the
+    reference reports), dotted in each model's colour, on a recipe that reproduces them."""
+    if recipe not in REFERENCE_RECIPES:
+        return
+    for i, model in enumerate(inp.models):
+        if model in PUBLISHED:
+            curve = PUBLISHED[model]["valid_loss"]
+            ax.plot(range(1, len(curve) + 1), curve, ":", marker="o", markersize=3,
+                    color=f"C{i}", lw=1.5, label=f"{model} valid (published)")
 
 
 def plot_training(inp: Inputs, path: Path) -> None:

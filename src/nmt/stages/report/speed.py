@@ -9,13 +9,20 @@ import pandas as pd
 from nmt.core.files import read_json
 from nmt.stages.report.inputs import Inputs, need
 from nmt.stages.report.markdown import md_table
+from nmt.stages.report.reference import REFERENCE_RECIPES
 
 
 def training_section(inp: Inputs, figures: dict[str, str]) -> list[str]:
     """Loss curves, the other curves of history.csv (lr, gradient norm, speed), each run's
     training speed, and the speed benchmark."""
     testset = inp.testsets[0]
+    published = [r for r in inp.recipes if r in REFERENCE_RECIPES]
+    dotted = (f" Dotted, on the panel of {', '.join(f'`{r}`' for r in published)}: the "
+              "published runs' validation loss, the epochs the reference reports."
+              if published else "")
     lines = ["## Training", "", f"![loss curves](figures/{figures['loss']})", "",
+             "Loss per token by epoch: dashed train, solid validation; bold the mean over "
+             f"the seeds.{dotted}", "",
              "Per epoch: the learning rate, the mean gradient norm of the epoch's updates "
              "(before clipping), seconds and tokens a second.", "",
              "In the table below, `wall s` is a run's whole training, from each of its "
