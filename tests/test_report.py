@@ -615,3 +615,59 @@ def test_the_loss_figure_draws_the_published_curves_beside_ours(tmp_path, mirror
     text = (paths["reports"] / "report.md").read_text("utf-8")
     assert ("Dotted, on the panel of `published`: the published runs' validation loss, the "
             "epochs the reference reports.") in text
+
+
+def planted_full_size(folder: Path, p: float, difference: float) -> Path:
+    """A copy of the published full-size run's two files with decoder_only's BLEU difference
+    and p on T16 planted."""
+    published = REPO / "reports" / "h200-published"
+    summary = pd.read_csv(published / "results_summary.csv")
+    row = (summary.model == "decoder_only") & (summary.testset == T16)
+    baseline = summary[(summary.model == "baseline") & (summary.testset == T16)].bleu.iloc[0]
+    summary.loc[row, "bleu"] = baseline + difference
+    write_text(folder / "results_summary.csv", summary.to_csv(index=False))
+    rows = json.loads((published / "statistics.json").read_text())
+    for c in rows:
+        if (c["system"], c["metric"], c["testset"]) == ("decoder_only", "BLEU", T16):
+            c |= {"p": p, "difference": difference}
+    write_json(folder / "statistics.json", rows)
+    return folder
+
+
+@pytest.mark.parametrize("full_size", ["published", "level", "behind", "none"])
+def test_a_recipe_whose_verdict_differs_from_full_size_says_so(tmp_path, mirror, full_size):
+    """The demo-size decoder-only model trails (fake_run drops 60 % of its words, against 25 %
+    for the baseline); at full size (reports/h200-published) it is ahead: a paragraph gives
+    both sides' BLEU, p and parameters. Planted level, the paragraph says level; planted
+    behind as well, or no full-size run, there is none. Scratch, level on both sides, has none."""
+    params, paths = fake_tree(tmp_path, mirror, ["demo"], ["baseline", "scratch", "decoder_only"],
+                              [0, 1, 2], [T16])
+    folder = {"published": REPO / "reports" / "h200-published",
+              "level": planted_full_size(tmp_path / "level", 0.47, 0.4),
+              "behind": planted_full_size(tmp_path / "behind", 0.001, -3.0),
+              "none": tmp_path / "nothing"}[full_size]
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"], full_size=folder))
+    text = (paths["reports"] / "report.md").read_text("utf-8")
+    if full_size in ("behind", "none"):
+        assert "## Against full size" not in text
+        return
+    section = text.split("## Against full size")[1].split("\n## ")[0]
+    assert "scratch" not in section
+    summary = pd.read_csv(paths["reports"] / "results_summary.csv").query("testset == @T16")
+    d, b = (summary[summary.model == m].iloc[0] for m in ("decoder_only", "baseline"))
+    assert (f"**decoder_only, `demo` against full size.** On {T16}, in the `demo` recipe "
+            f"(3 seeds), decoder_only is behind the baseline: {d.bleu:.2f} against "
+            f"{b.bleu:.2f} BLEU ({d.bleu - b.bleu:+.2f}; Welch t-test over seeds, n = 3 vs 3, "
+            f"p ") in section
+    assert f"with {int(d.params):,} parameters against {int(b.params):,}" in section
+    assert "100 updates each" not in section  # fake seeds trained different updates
+    if full_size == "published":
+        assert (f"At full size, in {folder}, the `published` recipe (1 seed), decoder_only is "
+                "ahead of the baseline: 37.59 against 36.22 BLEU (+1.38; sacreBLEU paired "
+                "bootstrap, 1000 resamples, seed 12345, p = 0.01), with 65,823,744 parameters "
+                "against 65,083,476 (1.01x).") in section
+    else:
+        assert "decoder_only is level with the baseline: 36.62 against 36.22 BLEU (+0.40;" in section
+    assert section.strip().endswith("So the `demo` recipe's verdict on decoder_only holds at its "
+                                    "size, not at full size.")

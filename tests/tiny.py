@@ -52,9 +52,12 @@ def scratch_copy(dest: Path) -> Path:
         if src.is_file() or src.is_symlink():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel, follow_symlinks=False)
-    for leftover in ("dvc.lock", "reports"):  # the real run's outputs are not the smoke's
-        target = dest / leftover
-        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+    # The real run's outputs are not the smoke's; the published full-size run the report
+    # reads (an input: `nmt report --full-size`) stays.
+    kept = dest / "reports" / "h200-published"
+    for target in [dest / "dvc.lock", *(dest / "reports").iterdir()]:
+        if target != kept:
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
     params = yaml.safe_load((dest / "params.yaml").read_text())
     recipes = {name: tiny_recipe(r) for name, r in params["recipes"].items()}
     edit_params(dest / "params.yaml", **TINY, recipes=recipes)

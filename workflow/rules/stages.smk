@@ -575,6 +575,8 @@ rule report:
         "results/bench.json",
         "data/tokenized",
         expand("data/vocab/{recipe}", recipe=RECIPES),
+        "reports/h200-published/results_summary.csv",
+        "reports/h200-published/statistics.json",
         code=[
             *SHARED_CODE,
             *package("src/nmt/stages/report"),
@@ -613,7 +615,7 @@ rule report:
         "../envs/nmt.yaml"
     shell:
         "nmt report --tokenized data/tokenized --vocab data/vocab --results results --out reports"
-        " 2> {log}"
+        " --full-size reports/h200-published 2> {log}"
 
 
 # What `snakemake` makes when no target is named: the outputs of the stages declared

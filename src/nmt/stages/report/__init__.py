@@ -31,6 +31,7 @@ from nmt.stages.report.figures import draw_figures
 from nmt.stages.report.load import load
 from nmt.stages.report.reference import kernels_section, reference_section
 from nmt.stages.report.search import ablation_section, search_section, search_steps
+from nmt.stages.report.size import size_section
 from nmt.stages.report.speed import data_bench_section, decoding_section, training_section
 from nmt.stages.report.tables import write_tables
 
@@ -47,6 +48,7 @@ class Paths:
     vocab: Path  # data/vocab: holds <recipe>/meta.json of every recipe
     results: Path  # results/: every run's folder, verify/ and bench.json
     out: Path  # reports/
+    full_size: Path | None = None  # a published full-size run's report folder (size.py)
 
 
 def report(settings: dict, paths: Paths) -> None:
@@ -56,7 +58,8 @@ def report(settings: dict, paths: Paths) -> None:
     inp = load(settings, paths.tokenized, paths.vocab, paths.results)
     with atomic_dir(out / "figures") as folder:
         figures = draw_figures(inp, folder)
-    lines = (head_section(inp) + results_section(inp) + statistics_section(inp)
+    lines = (head_section(inp) + results_section(inp) + size_section(inp, paths.full_size)
+             + statistics_section(inp)
              + search_section(inp) + ablation_section(inp) + reference_section(inp)
              + kernels_section(inp) + training_section(inp, figures)
              + verification_section(inp) + samples_section(inp)
@@ -81,8 +84,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=Path, default=None, help="holds <recipe>/ (default: "
                         "data/vocab)")
     parser.add_argument("--out", type=Path, default=commandline.REPORTS)
+    parser.add_argument("--full-size", type=Path, default=None, help="a published full-size "
+                        "run's report folder (results_summary.csv, statistics.json), for the "
+                        "section 'Against full size' when the pipeline runs no `published`")
 
 
 def command(args, params: dict) -> None:
     report(params, Paths(tokenized=args.tokenized, vocab=args.vocab or commandline.VOCAB,
-                         results=args.results, out=args.out))
+                         results=args.results, out=args.out, full_size=args.full_size))
