@@ -671,3 +671,24 @@ def test_a_recipe_whose_verdict_differs_from_full_size_says_so(tmp_path, mirror,
         assert "decoder_only is level with the baseline: 36.62 against 36.22 BLEU (+0.40;" in section
     assert section.strip().endswith("So the `demo` recipe's verdict on decoder_only holds at its "
                                     "size, not at full size.")
+
+
+def test_a_verdict_over_runs_of_different_precisions_says_so(tmp_path, mirror):
+    """The baseline's seed 0 trained in fp32, every other run in bf16 (a busy machine's
+    calibration): the verdict sentence, in the report's first words and statistics.json,
+    names each side's precisions; runs of one precision have no such words."""
+    params, paths = fake_tree(tmp_path, mirror, ["demo"], ["baseline", "scratch"], [0, 1], [T16])
+    path = Run("demo", "baseline", 0).dir(paths["results"]) / "train.json"
+    write_json(path, json.loads(path.read_text()) | {"precision": "fp32"})
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    verdict = json.loads((paths["reports"] / "statistics.json").read_text())["verdicts"][0]
+    caution = ("Caution: the runs compared trained in different precisions (scratch bf16, "
+               "baseline bf16 and fp32), so the difference holds the precision's effect as well "
+               "as the architectures'.")
+    assert verdict["sentence"].endswith(caution)
+    assert verdict["precisions"] == {"scratch": ["bf16"], "baseline": ["bf16", "fp32"]}
+    head = (paths["reports"] / "report.md").read_text("utf-8").split("## Results")[0]
+    assert caution in head
+    assert "Caution" not in make_report(tmp_path / "one", mirror, ["demo"],
+                                        ["baseline", "scratch"], [0, 1], [T16])[0]

@@ -13,7 +13,7 @@ import pandas as pd
 from nmt.core import stats
 from nmt.core.errors import NmtError
 from nmt.core.files import read_json
-from nmt.core.runs import runs
+from nmt.core.runs import Run, runs
 from nmt.core.text import read_lines
 from nmt.pipeline.corpus import corpus_settings
 from nmt.stages.report.inputs import BASELINE, LABELS, Inputs, challengers, need
@@ -108,7 +108,24 @@ def verdict_of(inp: Inputs, recipe: str, system: str) -> dict:
     found = inp.comparisons[recipe, system, testset]
     loss = {(c.kind, c.seed): c for c in found if c.metric == LABELS["loss"]}
     t = inp.table[(inp.table.recipe == recipe) & (inp.table.testset == testset)]
-    return {"recipe": recipe, "testset": testset} | stats.loss_verdict(
+    verdict = {"recipe": recipe, "testset": testset} | stats.loss_verdict(
         loss.get(("seeds", None)), loss["bootstrap", inp.seeds[0]],
         stats.summarize(t[t.model == system].loss.tolist()),
         stats.summarize(t[t.model == BASELINE].loss.tolist()))
+    return verdict | mixed_precisions(inp, recipe, (system, BASELINE), verdict["sentence"])
+
+
+def mixed_precisions(inp: Inputs, recipe: str, models: tuple[str, str], sentence: str) -> dict:
+    """Each side's training precisions (train.json); where the runs compared trained in more
+    than one, the verdict sentence says so: its difference then holds the precision's effect
+    as well as the architectures' (a busy machine once trained the baseline in fp32 and scratch
+    in bf16, and the report's first sentence called the baseline better)."""
+    used = {m: sorted({inp.runs[Run(recipe, m, seed)]["train"].get("precision", "not recorded")
+                       for seed in inp.seeds}) for m in models}
+    if len({p for found in used.values() for p in found}) == 1:
+        return {"precisions": used}
+    said = ", ".join(f"{m} {' and '.join(found)}" for m, found in used.items())
+    return {"precisions": used,
+            "sentence": f"{sentence} Caution: the runs compared trained in different precisions "
+                        f"({said}), so the difference holds the precision's effect as well as "
+                        "the architectures'."}
