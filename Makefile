@@ -57,7 +57,8 @@ reproduce: setup  ## the whole comparison: download ... report (`dvc repro`)
 # The whole comparison at a CPU-friendly size (recipe `demo`: every model about 10 minutes of
 # training on 2 cores) as a DVC experiment: params.yaml in the workspace then holds these
 # settings and reports/ the result; `dvc exp show` lists it, `git checkout params.yaml
-# dvc.lock` goes back. DEMO_SEEDS='[0,1]' gives the error bars of reports/demo/.
+# dvc.lock` goes back. DEMO_SEEDS='[0,1,2]' gives reports/demo/ (three seeds a model: the verdict).
+# One seed (the default) is a first look: its report says the verdict is not measured.
 DEMO_SEEDS ?= [0]
 demo: setup  ## the comparison on a laptop: recipe demo, 3 models, 7-12 min of training each (nmt estimate says)
 	$(BIN)/nmt estimate --recipe demo

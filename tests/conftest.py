@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -23,7 +24,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # train.precision auto's measurements (nmt.training.precision) go to a folder of the session's, not
 # to the user's cache: a test's stand-in figures must never decide a real run's precision.
+# Removed when the session's process ends (164 of them were left in /tmp before).
 os.environ["NMT_CACHE_DIR"] = tempfile.mkdtemp(prefix="nmt-cache-")
+atexit.register(shutil.rmtree, os.environ["NMT_CACHE_DIR"], ignore_errors=True)
 
 import torch  # noqa: E402
 import yaml  # noqa: E402

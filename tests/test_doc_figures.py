@@ -5,6 +5,8 @@ again is caught."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +36,11 @@ def test_a_figure_edited_by_hand_or_a_source_committed_again_is_named(tmp_path):
     shutil.copytree(REPO / "reports" / "h200-published", tmp_path / "reports" / "h200-published")
     assert check(tmp_path).returncode == 0
     readme = tmp_path / "README.md"
-    readme.write_text(readme.read_text().replace("| 1.6928 ± 0.0107 |", "| 1.6929 ± 0.0107 |"))
+    text = readme.read_text()
+    start = text.index("<!-- figures summary reports/demo -->")
+    cell = re.search(r"\| (\d\.\d{4}) ± ", text[start:]).group(1)  # the demo's first loss
+    edited = cell[:-1] + str((int(cell[-1]) + 1) % 10)
+    readme.write_text(text[:start] + text[start:].replace(f"| {cell} ± ", f"| {edited} ± ", 1))
     done = check(tmp_path)
     assert (done.returncode, done.stdout.splitlines()) == (1, [
         "README.md: figures summary reports/demo: differs from its source (fix: python "
@@ -44,3 +50,20 @@ def test_a_figure_edited_by_hand_or_a_source_committed_again_is_named(tmp_path):
     summary = tmp_path / "reports" / "h200-published" / "results_summary.csv"
     summary.write_text(summary.read_text().replace("36.2174", "36.9174", 1))
     assert check(tmp_path).stdout.startswith("README.md: figures summary reports/h200-published")
+
+
+def test_the_readmes_verdict_follows_the_reports_statistics(tmp_path):
+    """The README quotes the demo's verdict at the margin (kind `answer`): a verdict of
+    reports/demo/statistics.json committed again with another outcome is named."""
+    shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    shutil.copytree(REPO / "reports", tmp_path / "reports")
+    assert "<!-- figures answer reports/demo -->" in (tmp_path / "README.md").read_text()
+    assert check(tmp_path).returncode == 0
+    path = tmp_path / "reports" / "demo" / "statistics.json"
+    recorded = json.loads(path.read_text())
+    verdict = recorded["verdicts"][0]
+    verdict["outcome"] = "different" if verdict["outcome"] != "different" else "equivalent"
+    path.write_text(json.dumps(recorded))
+    assert check(tmp_path).stdout.splitlines() == [
+        "README.md: figures answer reports/demo: differs from its source (fix: python "
+        "tools/doc_figures.py --write)"]

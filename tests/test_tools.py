@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -503,6 +504,84 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
             "report"} <= set(lock)
     bench = json.loads((copy / "results/bench.json").read_text())
     assert bench["device"] == "cpu" and bench["train"]["scratch"] > 0 < bench["beam"]["baseline"]
+
+    # Killed mid-training by SIGKILL (no trap of its own runs), the kit leaves no process
+    # behind: its watcher stops Snakemake and the training (issue 69, item 4).
+    killed = subprocess.Popen(["bash", "tools/gpu/run.sh", "3", "published-scratch-s1"],
+                              cwd=copy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**env, "OUT": str(tmp_path / "out2"), "KIT": str(kit),
+                                   "CHECKS": "", "CHECK_DIR": str(tmp_path / "checks")})
+    deadline = time.monotonic() + 300
+    while not any(" train --recipe published" in cmd for cmd in processes_in(copy)):
+        assert killed.poll() is None and time.monotonic() < deadline, "no training started"
+        time.sleep(0.5)
+    killed.kill()
+    killed.wait()
+    deadline = time.monotonic() + 30
+    while (left := processes_in(copy)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left
+
+
+def processes_in(folder: Path) -> list[str]:
+    """The command lines of this machine's processes whose working folder is in folder."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cwd = Path(os.readlink(proc / "cwd"))
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # not a process, gone, or a zombie
+            continue
+        if cwd == folder or folder in cwd.parents:
+            found.append(cmd)
+    return found
+
+
+def kit_copy(tmp_path: Path, *carried: str) -> Path:
+    """tools/ alone in a folder (run.sh works in the folder above tools/), with `carried`
+    folders made empty."""
+    shutil.copytree(REPO / "tools", tmp_path / "tools")
+    for folder in carried:
+        (tmp_path / folder).mkdir(parents=True)
+    return tmp_path
+
+
+def run_kit(folder: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "tools/gpu/run.sh", *args], cwd=folder, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **env})
+
+
+@pytest.mark.parametrize("minutes", ["abc", "-1", "0", "2.5x"])
+def test_the_gpu_kit_refuses_minutes_that_are_no_positive_number(tmp_path, minutes):
+    """One line and exit 2 before any work (it ran on with '-1.75 min left')."""
+    folder = kit_copy(tmp_path)
+    done = run_kit(folder, minutes, OUT=str(tmp_path / "out"))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"run.sh: MINUTES is '{minutes}': give a positive number of "
+                           "minutes (e.g. 9)\n")
+    assert not (tmp_path / "out").exists() and not (folder / ".kit").exists()
+
+
+def test_the_gpu_kit_refuses_an_out_it_cannot_write_and_a_tree_without_its_data(tmp_path):
+    """An OUT that is a file (an unwritable OUT was a tee warning, and the kit went on),
+    then each carried folder missing in turn (a tree without data/ ended in Snakemake's
+    MissingRuleException): one line each, exit 2, nothing written."""
+    folder = kit_copy(tmp_path / "kit")
+    (tmp_path / "a-file").write_text("")
+    done = run_kit(folder, "3", OUT=str(tmp_path / "a-file"))
+    assert (done.returncode, done.stderr) == (2, f"run.sh: OUT '{tmp_path / 'a-file'}' is not "
+                                                 "a folder this user can write (fix: "
+                                                 "OUT=<a writable folder>)\n")
+    carried = ["data/tokenized", "data/vocab", "results/verify", "params", ".whl"]
+    for missing in carried:
+        for folder_name in carried:
+            path = folder / folder_name
+            path.mkdir(parents=True, exist_ok=True) if folder_name != missing else (
+                shutil.rmtree(path, ignore_errors=True))
+        done = run_kit(folder, "3", OUT=str(tmp_path / "out"))
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr.startswith(f"run.sh: the kit has no {missing} (fix: make gpu-bundle")
+        assert not (tmp_path / "out" / "log").exists() and not (folder / ".kit").exists()
 
 
 def start_mps(tmp_path: Path, bin_dir: Path, **env) -> tuple[str, dict]:

@@ -14,7 +14,8 @@ runs it in `make test`); `--write` rewrites them. Prose around a block is a pers
 numbers inside are the files'.
 
 Kinds (KINDS): summary (a report folder's results_summary.csv and results.csv: the mean ±
-std table), verdict (its statistics.json: scratch and the decoder-only model against the
+std table), answer (its statistics.json's verdicts at the margin, the report's first words),
+verdict (its statistics.json: scratch and the decoder-only model against the
 baseline), speed (its report.md's speed benchmark), verify (an `nmt verify` JSON).
 """
 
@@ -67,10 +68,29 @@ def summary(root: Path, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def statistics(root: Path, source: str) -> dict:
+    """A report folder's statistics.json as {"verdicts", "comparisons"}; reports written
+    before the verdicts hold the comparisons' list alone."""
+    recorded = json.loads((root / source / "statistics.json").read_text())
+    return recorded if isinstance(recorded, dict) else {"verdicts": [], "comparisons": recorded}
+
+
+def answer(root: Path, source: str) -> str:
+    """The report's verdict at the margin, each challenger against the baseline on the test
+    loss (statistics.json's verdicts: outcome and sentence), as the report's first words say
+    it for scratch."""
+    verdicts = statistics(root, source)["verdicts"]
+    if not verdicts:
+        raise SystemExit(f"{source}/statistics.json: no verdicts (a report written before them)")
+    return "".join(f"- **{v['system']} vs {v['baseline']}, `{v['recipe']}`, test loss on "
+                   f"{v['testset']}: {v['outcome']}** at ±{v['margin']:g}. {v['sentence']}\n"
+                   for v in verdicts)
+
+
 def verdict(root: Path, source: str) -> str:
     """Each model against the baseline on the first test set: over seeds (Welch) and over
     test sentences (paired bootstrap), BLEU and test loss."""
-    entries = json.loads((root / source / "statistics.json").read_text())
+    entries = statistics(root, source)["comparisons"]
     testset = entries[0]["testset"]
 
     def find(system, metric, welch):
@@ -143,7 +163,8 @@ def number(x: float) -> str:
     return "0" if x == 0 else f"{x:.1e}"
 
 
-KINDS = {"summary": summary, "verdict": verdict, "speed": speed, "verify": verify}
+KINDS = {"summary": summary, "answer": answer, "verdict": verdict, "speed": speed,
+         "verify": verify}
 
 
 def documents(root: Path) -> list[Path]:

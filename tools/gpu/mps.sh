@@ -7,7 +7,7 @@
 # whose kernels can run on the GPU at the same time.
 #
 # start_mps OUT: where it can (nvidia-cuda-mps-control on PATH, root, MPS not 0), starts the
-# control daemon with its pipe and log folders under $MPS_ROOT (default /tmp/nmt-mps),
+# control daemon with its pipe and log folders under $MPS_ROOT (run.sh: .kit/mps in the checkout),
 # exported so that every process started after it is a client, sets an EXIT trap that stops
 # it, and runs a tiny CUDA op in torch under `timeout` as a probe. Otherwise, or when the
 # daemon or the probe fails: exactly one line saying why, the daemon stopped, the variables
@@ -17,7 +17,7 @@
 # OUT/mps.log. tests/test_tools.py runs run.sh on the CPU (no daemon: the "off" line) and
 # start_mps with a stand-in daemon whose probe fails there.
 
-MPS_ROOT=${MPS_ROOT:-/tmp/nmt-mps}
+MPS_ROOT=${MPS_ROOT:-$PWD/.kit/mps}
 # The probe: what a training's first CUDA work does, through the MPS server when there is one
 MPS_PROBE="import torch; x = torch.ones(8, device='cuda'); print('probe:', float((x + x).sum()))"
 

@@ -36,12 +36,15 @@
 # "concurrency" (3's measurements: not by default; estimated at a minute or two each, without
 # and with MPS, at the published size, at most 4 minutes each). A second call on the same
 # machine needs none (plan.py reuses the first call's check_graphs.json and the
-# concurrency-*.json of its MPS setting, kept in $CHECK_DIR, default /tmp/nmt-checks). MPS=0
+# concurrency-*.json of its MPS setting, kept in $CHECK_DIR, default .kit/checks). MPS=0
 # leaves MPS off (to compare); CONCURRENCY_OPTIONS, concurrency.py's options (e.g. "--counts
 # 1,3 --updates 100"). UPDATE_MS gives plan.py the milliseconds an update measured
-# earlier on this kind of GPU, where step 2 is left out on a fresh machine. KIT (default /tmp)
-# is where the wheels are installed (nmt-site, once: a folder already there is kept) and the
-# commands' wrappers written (nmt-bin).
+# earlier on this kind of GPU, where step 2 is left out on a fresh machine. KIT (default
+# .kit in the checkout, which git ignores: the kit writes nothing outside the checkout and
+# OUT) is where the wheels are installed (nmt-site, once: a folder already there is kept),
+# the commands' wrappers written (nmt-bin), and MPS's pipe and log folders made (mps).
+# Minutes that are no positive number, an OUT this user cannot write, or a tree without what
+# bundle.sh prepared: one line, exit 2, before any work. Killed, however: no process left.
 #
 # Its runs are the GPU runs of docs/gpu.md (reports/gpu-first-run, gpu-second-run and
 # h200-published). tests/test_tools.py runs it at tiny size on the CPU, after bundle.sh's data
@@ -55,14 +58,43 @@ shift || true
 extra=("$@")
 OUT=${OUT:-gpu-out}
 CHECKS=${CHECKS-preflight graphs}
-CHECK_DIR=${CHECK_DIR:-/tmp/nmt-checks}
+KIT=${KIT:-$PWD/.kit}  # in the checkout (git ignores it): nothing written outside it
+CHECK_DIR=${CHECK_DIR:-$KIT/checks}
+export MPS_ROOT=${MPS_ROOT:-$KIT/mps}
+# What the kit needs, each a line before any work (exit 2): minutes, a writable OUT, and what
+# bundle.sh prepared (Snakemake's own error for a missing data/ names no fix).
+refuse() { echo "run.sh: $1" >&2; exit 2; }
+[[ $minutes =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v m="$minutes" 'BEGIN { exit !(m > 0) }' \
+    || refuse "MINUTES is '$minutes': give a positive number of minutes (e.g. 9)"
+mkdir -p "$OUT" 2>/dev/null && [ -w "$OUT" ] && [ -d "$OUT" ] \
+    || refuse "OUT '$OUT' is not a folder this user can write (fix: OUT=<a writable folder>)"
+wheels=$([ -d "$KIT/nmt-site" ] || echo .whl)  # needed until a call installed them
+for carried in data/tokenized data/vocab results/verify params $wheels; do
+    [ -e "$carried" ] || refuse "the kit has no $carried (fix: make gpu-bundle where spaCy and \
+the network are, then carry data/, results/verify/, params/ and .whl/ with the tree)"
+done
 deadline=$(( $(date +%s) + $(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 }') ))
 minutes_left() { awk -v s=$(( deadline - $(date +%s) )) 'BEGIN { printf "%.2f", s / 60 }'; }
-mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log") 2>&1
 export PYTHONUNBUFFERED=1
 
-KIT=${KIT:-/tmp}
+# A killed kit leaves no process behind, however it was killed (SIGKILL included): a watcher
+# notes the kit's descendants every 2 s and, once the kit is gone, stops those still running
+# (the checks, Snakemake and its trainings, which keep their resume state on SIGTERM).
+descendants() {
+    local child
+    for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done
+}
+kit_pid=$$
+(
+    known=""
+    while kill -0 "$kit_pid" 2>/dev/null; do
+        known=$(descendants "$kit_pid" | grep -vx -e "$BASHPID" || true)
+        sleep 2
+    done
+    for pid in $known; do kill -TERM "$pid" 2>/dev/null || true; done
+) </dev/null >/dev/null 2>&1 &
+
 site=$KIT/nmt-site bin=$KIT/nmt-bin
 if [ ! -d "$site" ]; then  # the carried wheels, once a machine
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \

@@ -74,7 +74,9 @@ def published_standing(folder: Path, testset: str, model: str) -> Standing | Non
     """From a published full-size run's report folder; None where it lacks the model."""
     summary = pd.read_csv(folder / "results_summary.csv")
     rows = summary[(summary.recipe == FULL_SIZE_RECIPE) & (summary.testset == testset)]
-    found = [c for c in read_json(folder / "statistics.json")
+    recorded = read_json(folder / "statistics.json")  # reports before the verdicts: a list
+    comparisons = recorded["comparisons"] if isinstance(recorded, dict) else recorded
+    found = [c for c in comparisons
              if (c["system"], c["metric"], c["testset"]) == (model, "BLEU", testset)]
     if model not in set(rows.model) or BASELINE not in set(rows.model) or not found:
         return None
