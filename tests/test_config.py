@@ -450,3 +450,19 @@ def test_the_study_recipes_differ_from_published_only_where_they_say():
     assert changed("published_faithful") == {"train.bucket": False, "train.precision": "fp32"}
     assert published["train"]["bucket"] is True and published["train"]["attention_kernels"] == (
         "route")
+
+
+def test_a_params_file_of_megabytes_is_refused_before_it_is_parsed(tmp_path):
+    """A 2.7 M-item list under a recipe no stage uses made a 46 MB params.yaml that ran `nmt
+    config` past 180 s and 1.24 GB with no line: over 1 MB, one line before parsing."""
+    text = (REPO / "params.yaml").read_text()
+    big = text + "\n".join(["  unused:", "    values:"] + ["      - 1"] * 200_000) + "\n"
+    path = tmp_path / "params.yaml"
+    path.write_text(big)
+    assert path.stat().st_size > 1 << 20
+    with pytest.raises(NmtError) as refused:
+        load_params(path)
+    assert str(refused.value) == (f"{path}: {path.stat().st_size / 1e6:.1f} MB, and a params "
+                                  "file is tens of KB (at most 1 MB here) (fix: remove the "
+                                  "values no recipe needs, or keep data in files a stage reads)")
+    assert len(text.encode()) < (1 << 20) / 10  # the repository's own: far inside the bound

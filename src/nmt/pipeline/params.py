@@ -229,7 +229,17 @@ def validate(params: dict, schema_path: Path) -> dict:
     return params
 
 
+# params.yaml is about 20 KB; a file 50 times that is no settings file. Refused before it is
+# parsed: a 46 MB one (a 2.7 M-item list under an unused recipe) ran `nmt config` past 180 s
+# and 1.24 GB with no line.
+MAX_PARAMS_BYTES = 1 << 20
+
+
 def load_params(path: str | Path = "params.yaml") -> dict:
     """Read and validate params.yaml; every error is one NmtError line."""
     path = Path(path)
+    if path.is_file() and (size := path.stat().st_size) > MAX_PARAMS_BYTES:
+        raise NmtError(f"{path}: {size / 1e6:.1f} MB, and a params file is tens of KB (at most "
+                       f"{MAX_PARAMS_BYTES >> 20} MB here) (fix: remove the values no recipe "
+                       "needs, or keep data in files a stage reads)")
     return validate(read_params(path), find_schema(path))
