@@ -60,7 +60,7 @@ reproduce: setup  ## the whole comparison: download ... report (`dvc repro`)
 # dvc.lock` goes back. DEMO_SEEDS='[0,1,2]' gives reports/demo/ (three seeds a model: the verdict).
 # One seed (the default) is a first look: its report says the verdict is not measured.
 DEMO_SEEDS ?= [0]
-demo: setup  ## the comparison on a laptop: recipe demo, 3 models, 7-12 min of training each (nmt estimate says)
+demo: setup  ## the comparison on a laptop: recipe demo, 3 models, 4-12 min of training each (nmt estimate says)
 	$(BIN)/nmt estimate --recipe demo
 	$(BIN)/dvc exp run -S 'pipeline.recipes=[demo]' \
 		-S 'pipeline.models=[baseline,scratch,decoder_only]' -S 'pipeline.seeds=$(DEMO_SEEDS)' \

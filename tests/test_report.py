@@ -668,7 +668,8 @@ def test_a_recipe_whose_verdict_differs_from_full_size_says_so(tmp_path, mirror,
                 "bootstrap, 1000 resamples, seed 12345, p = 0.01), with 65,823,744 parameters "
                 "against 65,083,476 (1.01x).") in section
     else:
-        assert "decoder_only is level with the baseline: 36.62 against 36.22 BLEU (+0.40;" in section
+        assert ("decoder_only is level with the baseline: 36.62 against 36.22 BLEU (+0.40;"
+                in section)
     assert section.strip().endswith("So the `demo` recipe's verdict on decoder_only holds at its "
                                     "size, not at full size.")
 

@@ -66,8 +66,9 @@ def own_standing(inp: Inputs, recipe: str, model: str) -> Standing:
     s, b = inp.cell(recipe, model, testset), inp.cell(recipe, BASELINE, testset)
     updates = {inp.runs[Run(recipe, m, seed)]["train"].get("updates")
                for m in (model, BASELINE) for seed in inp.seeds}
-    return Standing(f"the `{recipe}` recipe ({seeds_of(s.seeds)})", int(s.seeds), float(s.bleu), float(b.bleu), c.p, c.method, int(s.params),
-                    int(b.params), updates.pop() if len(updates) == 1 else None)
+    return Standing(f"the `{recipe}` recipe ({seeds_of(s.seeds)})", int(s.seeds),
+                    float(s.bleu), float(b.bleu), c.p, c.method, int(s.params), int(b.params),
+                    updates.pop() if len(updates) == 1 else None)
 
 
 def published_standing(folder: Path, testset: str, model: str) -> Standing | None:
