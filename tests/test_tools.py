@@ -505,19 +505,22 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
     bench = json.loads((copy / "results/bench.json").read_text())
     assert bench["device"] == "cpu" and bench["train"]["scratch"] > 0 < bench["beam"]["baseline"]
 
-    # Killed mid-training by SIGKILL (no trap of its own runs), the kit leaves no process
-    # behind: its watcher stops Snakemake and the training (issue 69, item 4).
-    killed = subprocess.Popen(["bash", "tools/gpu/run.sh", "3", "published-scratch-s1"],
-                              cwd=copy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    # Killed by SIGKILL (no trap of its own can run) while a check runs, the kit leaves no
+    # process behind: its watcher stops them (a killed kit left check_graphs.py running;
+    # here the concurrency measurement, given updates enough to run for minutes).
+    killed = subprocess.Popen(["bash", "tools/gpu/run.sh", "3"], cwd=copy,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**env, "OUT": str(tmp_path / "out2"), "KIT": str(kit),
-                                   "CHECKS": "", "CHECK_DIR": str(tmp_path / "checks")})
-    deadline = time.monotonic() + 300
-    while not any(" train --recipe published" in cmd for cmd in processes_in(copy)):
-        assert killed.poll() is None and time.monotonic() < deadline, "no training started"
-        time.sleep(0.5)
+                                   "CHECKS": "concurrency", "CHECK_DIR": str(tmp_path / "c2"),
+                                   "CONCURRENCY_OPTIONS": "--counts 1 --updates 100000"})
+    deadline = time.monotonic() + 120
+    while not any("concurrency.py" in cmd for cmd in processes_in(copy)):
+        assert killed.poll() is None and time.monotonic() < deadline, "the check never ran"
+        time.sleep(0.2)
+    time.sleep(3)  # the watcher looks every 2 s
     killed.kill()
     killed.wait()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 20
     while (left := processes_in(copy)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left

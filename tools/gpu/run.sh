@@ -81,15 +81,17 @@ export PYTHONUNBUFFERED=1
 # A killed kit leaves no process behind, however it was killed (SIGKILL included): a watcher
 # notes the kit's descendants every 2 s and, once the kit is gone, stops those still running
 # (the checks, Snakemake and its trainings, which keep their resume state on SIGTERM).
-descendants() {
+descendants() {  # $1's descendants but the watcher ($2) and its own
     local child
-    for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done
+    for child in $(pgrep -P "$1"); do
+        [ "$child" = "$2" ] || { echo "$child"; descendants "$child" "$2"; }
+    done
 }
 kit_pid=$$
 (
-    known=""
+    watcher=$BASHPID known=""
     while kill -0 "$kit_pid" 2>/dev/null; do
-        known=$(descendants "$kit_pid" | grep -vx -e "$BASHPID" || true)
+        known=$(descendants "$kit_pid" "$watcher")
         sleep 2
     done
     for pid in $known; do kill -TERM "$pid" 2>/dev/null || true; done
