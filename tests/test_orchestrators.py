@@ -647,3 +647,81 @@ def test_either_orchestrator_after_the_other_runs_nothing_again(alternating):
         assert "Nothing to be done" in run(["snakemake", "-n", "--cores", "2"], root)
     assert digests(root, TRAINED) == trained
     assert (root / "params/sources.sha256").stat().st_mtime_ns == sources
+
+
+def a_process_named(name: str, folder: Path, tmp_path: Path) -> subprocess.Popen:
+    """A Python process whose script is called `name` (as `snakemake` and `dvc` are run), its
+    working folder `folder`; it waits for the test to end it."""
+    script = tmp_path / "bin" / name
+    script.parent.mkdir(exist_ok=True)
+    script.write_text("import time\ntime.sleep(60)\n")
+    return subprocess.Popen([sys.executable, str(script)], cwd=folder)
+
+
+def test_a_killed_snakemakes_lock_is_removed_unless_a_snakemake_works_in_the_folder(
+        tmp_path, capsys):
+    """Snakemake's lock with no Snakemake in the folder (one killed with SIGKILL left it, and
+    the rerun stopped until `snakemake --unlock`): removed, with one line. With a Snakemake
+    working in the folder, it stays (Snakemake refuses the second run itself); a Snakemake
+    working elsewhere does not count."""
+    root = tmp_path / "checkout"
+    locks = root / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    for name in ("0.input.lock", "0.output.lock"):
+        (locks / name).write_text("results/x\n")
+    elsewhere = a_process_named("snakemake", tmp_path, tmp_path)
+    here = a_process_named("snakemake", root, tmp_path)
+    try:
+        time.sleep(0.5)
+        assert orchestrators.orchestrator_name(psutil.Process(here.pid)) == "snakemake"
+        orchestrators.clear_stale_lock(root)
+        assert sorted(p.name for p in locks.iterdir()) == ["0.input.lock", "0.output.lock"]
+        assert capsys.readouterr().err == ""
+    finally:
+        here.kill()
+        here.wait()
+    try:
+        orchestrators.clear_stale_lock(root)
+    finally:
+        elsewhere.kill()
+        elsewhere.wait()
+    assert not list(locks.iterdir())
+    assert capsys.readouterr().err == ("snakemake: removed the lock a killed snakemake left (no "
+                                       "other snakemake runs in this folder)\n")
+
+
+def test_a_stage_command_stops_when_the_orchestrator_that_started_it_is_gone(tmp_path):
+    """`nmt` stage commands watch the Snakemake or DVC that started them: a process named
+    snakemake starts a command that waits (here: Python running the same watch), and is killed
+    with SIGKILL; the command says so in one line and gets SIGTERM (a training then stops at
+    its next step and keeps its resume state). Started by hand, nothing watches."""
+    child = ("import signal, sys, time\n"
+             "from nmt.pipeline.orchestrators import stop_when_orchestrator_dies\n"
+             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(print('SIGTERM')))\n"
+             "stop_when_orchestrator_dies(interval=0.1)\n"
+             "print('watching', flush=True)\n"
+             "time.sleep(60)\n")
+    script = tmp_path / "bin" / "snakemake"
+    script.parent.mkdir()
+    out = tmp_path / "child.out"
+    script.write_text("import subprocess, sys, time\n"
+                      f"subprocess.Popen([sys.executable, '-c', {child!r}], "
+                      f"stdout=open({str(out)!r}, 'w'), stderr=subprocess.STDOUT)\n"
+                      "time.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    orchestrator = subprocess.Popen([sys.executable, str(script)], env=env)
+    deadline = time.monotonic() + 30
+    while "watching" not in (out.read_text() if out.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    (watched,) = psutil.Process(orchestrator.pid).children()
+    orchestrator.kill()
+    orchestrator.wait()
+    watched.wait(timeout=10)  # (not our child: its exit status is its parent's to read)
+    assert out.read_text().splitlines() == [
+        "watching", f"nmt: snakemake (pid {orchestrator.pid}), which started this command, "
+        "is gone: stopping", "SIGTERM"]
+    by_hand = subprocess.run([sys.executable, "-c", child.replace("time.sleep(60)",
+                                                                   "time.sleep(0.5)")],
+                             env=env, capture_output=True, text=True, timeout=30)
+    assert (by_hand.returncode, by_hand.stdout) == (0, "watching\n")

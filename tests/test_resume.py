@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -239,8 +240,7 @@ def test_orchestrator_killed_mid_training_resumes(uninterrupted, tmp_path, tool)
     assert killed.returncode == -signal.SIGKILL, output[-6000:]
     states = list((root / "results").glob("*/resume.pt"))
     assert len(states) == 1 and not (states[0].parent / "best.pt").exists()
-    if tool == "snakemake":  # a SIGKILLed Snakemake leaves its lock; unlocking is its rule
-        finish(orchestrate(cmd + ["--unlock"], root))
+    # (a SIGKILLed Snakemake leaves its lock, which the rerun's Snakefile removes)
     again = orchestrate(cmd, root, cores=cores)
     output = finish(again, check=False)
     assert again.returncode == 0, output[-5000:]
@@ -249,6 +249,54 @@ def test_orchestrator_killed_mid_training_resumes(uninterrupted, tmp_path, tool)
     assert "resuming from epoch 2, step 32 of 64 " in logs
     assert not states[0].exists()
     assert run_numbers(root) == uninterrupted()
+
+
+@pytest.mark.slow
+def test_a_snakemake_killed_alone_stops_its_training_and_the_rerun_resumes(uninterrupted,
+                                                                            tmp_path):
+    """Snakemake SIGKILLed in epoch 2 while its training goes on (issue 69 item 5: the orphan
+    trained to the end, the rerun needed `--unlock`, failed on the run's lock, and once the
+    orphan ended trained again from scratch). The orphan now sees its orchestrator gone, stops
+    at its next step and keeps its resume state; the rerun, without `--unlock`, removes the
+    killed run's lock and resumes, to the uninterrupted run's numbers."""
+    from tiny import finish, halves
+
+    cmd = TARGETS["snakemake"]
+    root = two_epoch_copy(tmp_path)
+    cores = halves()[1]
+    killed = orchestrate(cmd, root, "step:40:KILL:others", cores)
+    finish(killed, check=False)
+    assert killed.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 60
+    while any(" train " in " ".join(p.cmdline()) for p in running_in(root)):
+        assert time.monotonic() < deadline, "the orphaned training goes on"
+        time.sleep(0.5)
+    state = RUN.dir(root / "results") / "resume.pt"
+    assert state.exists() and not (state.parent / "best.pt").exists()
+    assert list((root / ".snakemake" / "locks").glob("*.lock"))  # the killed run's lock
+    log = root / "logs" / "train-published-scratch-0.log"
+    assert "nmt: snakemake (pid " in log.read_text() and "is gone: stopping" in log.read_text()
+    again = orchestrate(cmd, root, cores=cores)
+    output = finish(again, check=False)
+    assert again.returncode == 0, output[-5000:]
+    assert "snakemake: removed the lock a killed snakemake left" in output
+    assert "resuming from epoch 2, step 40 of 64 " in log.read_text()  # the rerun's log
+    assert not state.exists()
+    assert run_numbers(root) == uninterrupted()
+
+
+def running_in(root: Path) -> list:
+    """The processes whose working folder is root."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if Path(process.cwd()) == root:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
 
 
 class Blocking:

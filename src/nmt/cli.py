@@ -107,9 +107,10 @@ def run(args, track) -> int:
     of memory or a stop as one line that says what to do."""
     try:
         if args.stage in STAGES:
-            from nmt.pipeline.orchestrators import refuse_others
+            from nmt.pipeline.orchestrators import refuse_others, stop_when_orchestrator_dies
 
             refuse_others(doing=f"nmt {args.stage}")
+            stop_when_orchestrator_dies()  # an orphan stops at its next safe point
             from nmt.pipeline.preflight import check_outputs_writable
 
             check_outputs_writable(args.stage, args)  # a read-only checkout: before any work

@@ -9,6 +9,12 @@ other through it), and, while a stage's command runs (when `dvc repro` holds no 
 Every `nmt` stage command, and Snakemake's `onstart`, refuse when the other tool holds the
 folder and is not the process that started them. A marker or lock of a process that is gone
 (a killed run) blocks nothing.
+
+Killed with SIGKILL, an orchestrator can clean up nothing: its jobs ran on as orphans, and
+Snakemake's own lock stayed. So a stage's command stops at its next safe point once the
+orchestrator that started it is gone (`stop_when_orchestrator_dies`: SIGTERM to itself; a
+training writes its resume state, which the rerun resumes), and the Snakefile removes the lock
+a killed Snakemake left when no other Snakemake works in the folder (`clear_stale_lock`).
 """
 
 from __future__ import annotations
@@ -16,7 +22,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import socket
+import sys
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -30,6 +40,8 @@ DVC_LOCK = Path(".dvc/tmp/lock")
 # command) in this file as the reader and writer of the stage's dependencies and outputs.
 DVC_RWLOCK = Path(".dvc/tmp/rwlock")
 MARKERS = Path(".snakemake")  # holds nmt-running.<pid>, one a running Snakemake
+SNAKEMAKE_LOCKS = Path(".snakemake/locks")  # Snakemake's own: <n>.input.lock, <n>.output.lock
+ORCHESTRATORS = ("snakemake", "dvc")
 
 
 def _is_mine(pid: int) -> bool:
@@ -146,3 +158,68 @@ def made_by_snakemake(runs: list[Run], root: Path = Path(".")) -> list[Run]:
     known = locked_stages(root)
     return [run for run in runs if run.dvc_stage("train") not in known
             and run.files(root / "results").summary.is_file()]
+
+
+def orchestrator_name(process: psutil.Process) -> str | None:
+    """"snakemake" or "dvc" when the process is one (its program, or the script or module its
+    Python runs), else None."""
+    try:
+        argv = process.cmdline()
+    except psutil.Error:
+        return None
+    words = argv[:1]
+    if argv and Path(argv[0]).name.startswith("python"):
+        words = argv[2:3] if argv[1:2] == ["-m"] else argv[1:2]
+    name = Path(words[0]).name if words else ""
+    return name if name in ORCHESTRATORS else None
+
+
+def alive_since(pid: int, started: float) -> bool:
+    """The process pid, started at `started`, still runs (not a zombie, not a reused pid)."""
+    try:
+        process = psutil.Process(pid)
+        return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def stop_when_orchestrator_dies(interval: float = 1.0) -> None:
+    """A stage's command started by Snakemake or DVC (its nearest such ancestor): once that
+    process is gone, one line, then SIGTERM to this process, which stops it at its next safe
+    point (a training finishes its step and writes its resume state). Started by hand: none."""
+    orchestrator = next((p for p in psutil.Process().parents() if orchestrator_name(p)), None)
+    if orchestrator is None:
+        return
+    name, pid, started = orchestrator_name(orchestrator), orchestrator.pid, \
+        orchestrator.create_time()
+
+    def watch() -> None:
+        while alive_since(pid, started):
+            time.sleep(interval)
+        print(f"nmt: {name} (pid {pid}), which started this command, is gone: stopping",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="orchestrator watch", daemon=True).start()
+
+
+def clear_stale_lock(root: Path = Path(".")) -> None:
+    """The Snakefile, before Snakemake checks its lock: remove the lock a killed Snakemake left
+    (it stopped the rerun until `snakemake --unlock` by hand), with one line, when no other
+    Snakemake works in root. A Snakemake started by one (a job's own) leaves it alone."""
+    locks = sorted((root / SNAKEMAKE_LOCKS).glob("*.lock"))
+    me = psutil.Process()
+    if not locks or any(orchestrator_name(p) == "snakemake" for p in me.parents()):
+        return
+    folder = root.resolve()
+    for process in psutil.process_iter():
+        try:
+            elsewhere = process.pid == me.pid or Path(process.cwd()) != folder
+        except psutil.Error:
+            continue
+        if not elsewhere and orchestrator_name(process) == "snakemake":
+            return  # it holds the lock: Snakemake refuses this run itself
+    for lock in locks:
+        lock.unlink(missing_ok=True)
+    print("snakemake: removed the lock a killed snakemake left (no other snakemake runs in this "
+          "folder)", file=sys.stderr)

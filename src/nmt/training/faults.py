@@ -1,11 +1,14 @@
 """Fault injection: the one place a test makes training die at a chosen moment, so that the
 tests can check that a resumed run ends exactly where an uninterrupted one does.
 
-    NMT_TEST_KILL_AT=<point>:<n>[:<SIGNAL>[:session]][@<rank>]
+    NMT_TEST_KILL_AT=<point>:<n>[:<SIGNAL>[:session|:others]][@<rank>]
 
 makes the process send itself SIGNAL (default KILL) when `point` is reached for the n-th
 time. `session`: every process of its session gets the signal too (an orchestrator killed
-together with its job); @rank limits it to one process of a distributed run. Unset, which it
+together with its job); `others`: every process of its session but this one does, and this
+one goes on after ORPHAN_SECONDS (an orchestrator killed alone, its job left an orphan in the
+middle of a step: a tiny test run would otherwise end before a watcher looks); @rank limits
+it to one process of a distributed run. Unset, which it
 always is outside tests/test_resume.py and tests/test_faults.py, `reached` returns at once.
 
 The points, each one line in the code:
@@ -24,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 ENV = "NMT_TEST_KILL_AT"
+ORPHAN_SECONDS = 3.0
 POINTS = ("start", "step", "valid", "save")
 _before_kill: list = []  # functions run before a planted kill (before_kill)
 
@@ -50,11 +55,14 @@ def reached(point: str, count: int) -> None:
     sig = getattr(signal, f"SIG{rest[0] if rest else 'KILL'}")
     for function in _before_kill:
         function()
-    if rest[1:] == ["session"]:
+    if rest[1:] in (["session"], ["others"]):
         for pid in session_pids():
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
-    os.kill(os.getpid(), sig)
+    if rest[1:] == ["others"]:
+        time.sleep(ORPHAN_SECONDS)
+    else:
+        os.kill(os.getpid(), sig)
 
 
 def session_pids() -> list[int]:
