@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import select
 import shutil
 import subprocess
 import sys
@@ -309,6 +310,28 @@ def test_latin1_file_and_stdin_are_decoded_with_one_warning(prepared, word_check
     assert capsys.readouterr().out.count("\n") == 3
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         "standard input: line 2 is not UTF-8; undecodable bytes replaced with U+FFFD"]
+
+
+def test_translate_prints_each_line_before_the_input_ends(prepared, word_checkpoint):
+    """From a pipe, a line's translation comes out while standard input is still open (it
+    printed nothing until all input was translated), one output line a line, in order."""
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", *translate_argv(
+        word_checkpoint, prepared["word"].parent)], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    try:
+        for line in (b"Ein Hund l\xc3\xa4uft.\n", b"\n", b"Zwei M\xc3\xa4nner.\n"):
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, "no output line while the input is open"
+            answer = proc.stdout.readline()
+            assert answer.endswith(b"\n") and (answer == b"\n") == (line == b"\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0 and proc.stdout.read() == b""
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_carriage_return_inside_a_line_keeps_one_output_line_for_each_input_line(

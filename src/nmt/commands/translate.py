@@ -7,7 +7,7 @@ import argparse
 import codecs
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,17 +62,50 @@ def arguments(s: argparse.ArgumentParser) -> None:
                         "the engine loads them)")
 
 
-def read_input(args) -> list[str]:
-    """Sentences from the arguments, else --file, else standard input; one per line, UTF-8."""
+# The lines are translated and printed a chunk at a time, in order, as the input arrives (a
+# long input printed nothing until all of it was translated): from standard input a chunk is
+# the complete lines one read returns (at a terminal, each line as it is typed), else
+# CHUNK_LINES lines of --file or the arguments; at most CHUNK_LINES either way.
+CHUNK_LINES = 1000
+
+
+def input_chunks(args) -> Iterator[tuple[int, list[str]]]:
+    """(its first line's number, its lines) for each chunk of the input: the arguments, else
+    --file, else standard input; one sentence a line, UTF-8."""
     if args.sentences:
-        return decode_lines([utf8_bytes(s) for s in args.sentences], "arguments")
-    if args.file is not None:
-        return decode_lines(split_text(read_file(args.file), args.file), str(args.file))
-    if sys.stdin.isatty():
-        log.info("reading sentences from standard input, one a line (end with Ctrl-D)")
-    stdin = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else utf8_bytes(
-        sys.stdin.read())
-    return decode_lines(split_text(stdin, "standard input"), "standard input")
+        chunks, source = chunked([utf8_bytes(s) for s in args.sentences]), "arguments"
+    elif args.file is not None:
+        chunks, source = chunked(split_text(read_file(args.file), args.file)), str(args.file)
+    else:
+        if sys.stdin.isatty():
+            log.info("reading sentences from standard input, one a line (end with Ctrl-D)")
+        chunks, source = stdin_chunks(), "standard input"
+    first = 1
+    for lines in chunks:
+        yield first, decode_lines(lines, source, first)
+        first += len(lines)
+
+
+def chunked(lines: list[bytes]) -> Iterator[list[bytes]]:
+    for start in range(0, len(lines), CHUNK_LINES):
+        yield lines[start:start + CHUNK_LINES]
+
+
+def stdin_chunks() -> Iterator[list[bytes]]:
+    """Standard input's complete lines as they arrive, each read's (split as split_text splits
+    a whole text), then what follows the last newline."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream with no bytes beneath it (a test's StringIO)
+        yield from chunked(split_text(utf8_bytes(sys.stdin.read()), "standard input"))
+        return
+    pending, start = b"", True
+    while block := stream.read1(1 << 16):
+        head, newline, pending = (pending + block).rpartition(b"\n")
+        if newline:
+            yield from chunked(split_text(head + newline, "standard input", start))
+            start = False
+    if pending:
+        yield split_text(pending, "standard input", start)
 
 
 def read_file(path: Path) -> bytes:
@@ -98,25 +131,26 @@ def utf8_bytes(text: str) -> bytes:
         return text.encode("utf-8", "surrogatepass")
 
 
-def split_text(data: bytes, source) -> list[bytes]:
+def split_text(data: bytes, source, start: bool = True) -> list[bytes]:
     """A text's lines as `wc -l` and every line-by-line tool count them: each ended by LF (a CR
     before it dropped: CRLF); a CR anywhere else is a space in its line, so that there is one
     output line for each input line (splitting at it too made one line two or three); a UTF-8
-    BOM dropped. Binary and UTF-16 text are refused."""
-    if b"\0" in data or data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+    BOM dropped. Binary and UTF-16 text are refused. start: data opens the text (where a BOM
+    can be); False for a later piece of a stream."""
+    if b"\0" in data or start and data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         raise NmtError(f"{source} is binary or UTF-16, not UTF-8 text (fix: give UTF-8 text, "
                        "one sentence a line; convert with iconv -t UTF-8)")
-    lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")
+    lines = (data.removeprefix(codecs.BOM_UTF8) if start else data).split(b"\n")
     if lines[-1] == b"":  # what follows the last LF (nothing, or an empty input)
         lines.pop()
     return [line.removesuffix(b"\r").replace(b"\r", b" ") for line in lines]
 
 
-def decode_lines(lines: list[bytes], source: str) -> list[str]:
-    """UTF-8 lines; bytes that are not UTF-8 become U+FFFD, with one warning naming the lines,
-    so every input line still gets its output line."""
+def decode_lines(lines: list[bytes], source: str, first: int = 1) -> list[str]:
+    """UTF-8 lines (numbered from `first`); bytes that are not UTF-8 become U+FFFD, with one
+    warning naming the lines, so every input line still gets its output line."""
     bad = []
-    for n, line in enumerate(lines, 1):
+    for n, line in enumerate(lines, first):
         try:
             line.decode("utf-8")
         except UnicodeDecodeError:
@@ -152,8 +186,10 @@ class Source:
     surfaces: list[str]  # each id's token as written (an unknown word keeps its own)
 
 
-def encode_lines(lines: list[str], src_codec, max_len: int) -> list[Source | None]:
-    """Each line as a Source, None for an empty line; over-long lines are cut with a warning.
+def encode_lines(lines: list[str], src_codec, max_len: int,
+                 first: int = 1) -> list[Source | None]:
+    """Each line (numbered from `first`) as a Source, None for an empty line; over-long lines
+    are cut with a warning.
     Only the words that the tokens kept can come from are tokenized (first_words): a line of
     megabytes costs what one of max_len words does, and gives the same tokens."""
     limit = max_len - 2  # positions beside <bos> and <eos>
@@ -168,7 +204,7 @@ def encode_lines(lines: list[str], src_codec, max_len: int) -> list[Source | Non
         encoded = iter(zip([src_codec.encode(text) for text in nonempty],
                            [src_codec.surfaces(text) for text in nonempty], strict=True))
     out = []
-    for n, (text, head) in enumerate(zip(texts, heads, strict=True), 1):
+    for n, (text, head) in enumerate(zip(texts, heads, strict=True), first):
         ids, surfaces = next(encoded) if head else ([], [])
         if len(head) < len(text):  # words past the limit were never tokenized
             log.warning("line %d: over %d tokens (%d characters), cut to the model's limit of "
@@ -194,23 +230,27 @@ def command(args, params: dict) -> None:
     # Copying an <unk> from the source reads our model's attention; an export has none to give.
     unknown_words = ev["unknown_words"] if translator.model is not None else "mark"
 
-    sources = encode_lines(read_input(args), translator.src_codec, translator.max_len)
-    todo = [s for s in sources if s is not None]
-    log.info("translating %d lines with %s (beam %d; unknown words: %s)", len(todo),
-             translator.name, beam, unknown_words)
+    log.info("translating with %s (beam %d; unknown words: %s)", translator.name, beam,
+             unknown_words)
     dc = DecodeConfig.from_params(ev, "beam" if beam > 1 else "greedy", translator.max_len - 1,
                                   beam_size=beam,
                                   beam_key="evaluate.beam_size" if args.beam is None else "--beam")
-    source_ids = [s.ids for s in todo]
-    text = detokenize_outputs(translator.model, source_ids, [s.surfaces for s in todo],
-                              translator.translate(source_ids, dc), translator.tgt_codec,
-                              unknown_words)
-    lines = iter(text.lines)
-    for s in sources:
-        print(next(lines) if s is not None else "")
-    if text.unknowns:
-        log.info("%d word%s the vocabulary lacks: %s", text.unknowns,
-                 "" if text.unknowns == 1 else "s",
+    lines = unknowns = 0
+    for first, chunk in input_chunks(args):
+        sources = encode_lines(chunk, translator.src_codec, translator.max_len, first)
+        todo = [s for s in sources if s is not None]
+        source_ids = [s.ids for s in todo]
+        text = detokenize_outputs(translator.model, source_ids, [s.surfaces for s in todo],
+                                  translator.translate(source_ids, dc), translator.tgt_codec,
+                                  unknown_words)
+        outputs = iter(text.lines)
+        for s in sources:
+            print(next(outputs) if s is not None else "")
+        sys.stdout.flush()  # each chunk's lines as soon as they are done
+        lines, unknowns = lines + len(sources), unknowns + text.unknowns
+    log.info("translated %d line%s", lines, "" if lines == 1 else "s")
+    if unknowns:
+        log.info("%d word%s the vocabulary lacks: %s", unknowns, "" if unknowns == 1 else "s",
                  "copied from the source" if unknown_words == "copy" else "marked <unk>")
 
 
