@@ -442,3 +442,64 @@ def test_a_cache_that_cannot_be_kept_costs_a_measurement_not_the_run(tmp_path, m
     assert message.startswith(f"cannot keep precision measurements in {blocked / 'nmt'} (")
     assert message.endswith("measuring for this run only (fix: NMT_CACHE_DIR=<a writable "
                             "folder>)")
+
+
+# ---- one precision for a recipe's runs (nmt.training.precision_record) --------------------
+
+def test_the_first_run_of_a_recipe_decides_and_every_later_one_takes_it(tmp_path, caplog):
+    """A busy machine: the first run's measurement is inconclusive (fp32), the next one's would
+    say bf16. Recorded, the first decision is every later run's, with its reason and where it
+    was recorded: the runs of one comparison train in one precision (a fresh clone's make demo
+    trained the baseline in fp32 and scratch in bf16, and the verdict followed the precision)."""
+    from nmt.training.precision import Choice
+    from nmt.training.precision_record import decided, record_path
+
+    record = record_path(tmp_path / "results", "demo")
+    noisy = {"train": Choice("fp32", "auto: fp32 for this run, as the measurement was "
+                             "inconclusive"), "decode": Choice("fp32", "auto: decode inconclusive")}
+    quiet = {"train": Choice("bf16", "auto: bf16 1.4x", 1.4),
+             "decode": Choice("bf16", "auto: bf16 1.2x", 1.2)}
+    calls = []
+    first = decided(record, lambda: calls.append("first") or noisy)
+    later = decided(record, lambda: calls.append("later") or quiet)
+    assert calls == ["first"] and first == noisy
+    assert {kind: c.precision for kind, c in later.items()} == {"train": "fp32", "decode": "fp32"}
+    assert later["train"].reason.startswith(noisy["train"].reason + " (recorded for the recipe in "
+                                            f"{record} by its first run here, ")
+    saved = json.loads(record.read_text())
+    assert saved["machine"] == precision_cache.machine() and saved["train"]["precision"] == "fp32"
+
+    # Another machine's record is decided again, with one line; a damaged one, with a warning.
+    record.write_text(json.dumps(saved | {"machine": {"cpu": "another CPU"}}))
+    with caplog.at_level(logging.INFO, logger="nmt.precision"):
+        again = decided(record, lambda: quiet)
+    assert again == quiet and json.loads(record.read_text())["train"]["precision"] == "bf16"
+    assert f"{record} was decided on another machine (another CPU): deciding again here" in (
+        caplog.text)
+    record.write_text("{not json")
+    assert decided(record, lambda: noisy) == noisy
+    assert f"{record} is damaged: deciding the recipe's precision again" in caplog.text
+
+
+def test_only_a_measured_choice_is_recorded(tmp_path):
+    """`auto` on a CPU is measured, so recorded; a precision given, or no record asked for,
+    takes nothing from a record and writes none."""
+    from conftest import REPO
+    from nmt.pipeline.params import load_params
+    from nmt.pipeline.recipes import resolve
+    from nmt.training.precision_record import recipe_choices, record_path
+
+    demo = resolve(load_params(REPO / "params.yaml"), "demo")
+    settings = demo | {"train": demo["train"] | {"precision": "fp32"}}
+    record = record_path(tmp_path, "demo")
+    chosen = recipe_choices(settings, torch.device("cpu"), 10, 10, record)
+    assert chosen["train"].precision == "fp32" and not record.exists()
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"machine": precision_cache.machine(), "decided": "then",
+                                  **{k: {"precision": "bf16", "reason": "recorded"}
+                                     for k in ("train", "decode")}}))
+    assert recipe_choices(settings, torch.device("cpu"), 10, 10, record)["train"].precision == \
+        "fp32"  # given, not measured: the record does not apply
+    auto = demo | {"train": demo["train"] | {"precision": "auto"}}
+    assert recipe_choices(auto, torch.device("cpu"), 10, 10, record)["decode"].reason == (
+        f"recorded (recorded for the recipe in {record} by its first run here, then)")

@@ -25,8 +25,8 @@ from nmt.core.runtime import device_name
 from nmt.models import MODELS
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
-from nmt.training.precision import choose
 from nmt.training.precision_cache import calibration
+from nmt.training.precision_record import recipe_choices, record_path
 from nmt.training.precision_timing import SENTENCE_TOKENS, Workload, batch_sentences
 
 log = logging.getLogger("nmt.estimate")
@@ -67,7 +67,10 @@ def estimate(settings: dict, recipe: str, models: list[str], vocab: Path) -> lis
     device = torch.device("cpu")
     work = Workload.of(settings, *sizes, "train")
     timings = calibration(work)
-    choice = choose(settings["train"]["precision"], device, work, timings)
+    # The choice the recipe's runs in this checkout take: decided once (here, if no run has
+    # yet) and recorded (nmt.training.precision_record), so estimate and trainings agree.
+    record = record_path(commandline.RESULTS, recipe)
+    choice = recipe_choices(settings, device, *sizes, record)["train"]
     # The calibration's batch holds at most MAX_CALIBRATION_TOKENS: an update of the recipe's
     # batch takes about as much longer as it holds more tokens.
     scale = batch_sentences(settings) / work.sentences

@@ -36,8 +36,7 @@ from nmt.core.text import read_lines
 from nmt.core.unknowns import detokenize_outputs, source_surfaces
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
-from nmt.training.precision import choose
-from nmt.training.precision_timing import Workload
+from nmt.training.precision_record import recipe_choices, record_path
 
 log = logging.getLogger("nmt.evaluate")
 
@@ -162,8 +161,8 @@ def evaluate(settings: dict, paths: Paths) -> dict:
     kernels = limit_attention_kernels()
     trained = load_trained(files.best, paths.vocab, device, expect=run, settings=settings)
     model, ckpt, (src_codec, tgt_codec) = trained.model, trained.checkpoint, trained.codecs
-    choice = choose(settings["train"]["precision"], device,
-                    Workload.of(settings, len(src_codec), len(tgt_codec), "decode"))
+    choice = recipe_choices(settings, device, len(src_codec), len(tgt_codec),
+                            record_path(files.folder.parent, run.recipe))["decode"]
     precision = choice.precision
     n_params = sum(p.numel() for p in model.parameters())
     log.info("read %s: %s model of recipe %s, %d parameters, on %s in %s", files.best,

@@ -26,6 +26,7 @@ import math
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -50,7 +51,8 @@ from nmt.training.folder import check_room, previous, set_aside_outputs, sole_tr
 from nmt.training.graphs import resolve_cuda_graphs, resolve_pad_multiple
 from nmt.training.meter import EpochMeter
 from nmt.training.outputs import write_outputs
-from nmt.training.precision import Choice, choices
+from nmt.training.precision import Choice
+from nmt.training.precision_record import recipe_choices, record_path
 from nmt.training.state import Paths, Progress, Trainer, spent
 from nmt.training.step import Micro, updater
 
@@ -173,7 +175,8 @@ def setup(settings: dict, paths: Paths, *, restart: bool = False) -> Trainer:
     found = resume.usable_state(paths.run.resume, resume_key, restart)
     trainer = Trainer(
         config=config, paths=paths, world=world, device=device,
-        precisions=run_precisions(settings, device, vocab_sizes, found[0]), update=None,
+        precisions=run_precisions(settings, device, vocab_sizes, found[0],
+                                  record_path(paths.run.folder.parent, run.recipe)), update=None,
         train_batches=train_batches, valid_batches=valid_batches,
         valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
         tgt_codec=tgt_codec, attention_kernels=attention_kernels,
@@ -189,17 +192,18 @@ def setup(settings: dict, paths: Paths, *, restart: bool = False) -> Trainer:
 
 
 def run_precisions(settings: dict, device: torch.device, vocab_sizes: tuple[int, int],
-                   state: dict | None) -> dict[str, Choice]:
+                   state: dict | None, record: Path) -> dict[str, Choice]:
     """train.precision's choices for the run (nmt.training.precision): the ones its resume
     state recorded at the run's start (resume.precisions), so that a resumed run trains and
-    decodes as it began whatever the machine's measurement says now; else chosen now. Choosing
+    decodes as it began whatever the machine's measurement says now; else the recipe's, decided
+    once in the checkout (`record`, nmt.training.precision_record) or now. Choosing
     may measure, which draws from torch's generators: they are left as they were (fork_rng), so
     a run's numbers do not depend on whether this machine's measurement was cached."""
     kept = resume.precisions(state)
     if kept is not None:
         return kept
     with torch.random.fork_rng(devices=[]):
-        return choices(settings, device, *vocab_sizes)
+        return recipe_choices(settings, device, *vocab_sizes, record)
 
 
 def read_batches(paths: Paths, config: TrainConfig, codecs: tuple, max_len: int, seed: int,

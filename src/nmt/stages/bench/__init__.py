@@ -55,7 +55,8 @@ from nmt.stages.bench.table import print_speeds, ratio_name
 from nmt.stages.bench.timing import MAX_RATIO_SPREAD, interleaved, sync
 from nmt.training.config import TrainConfig
 from nmt.training.graphs import resolve_cuda_graphs, resolve_pad_multiple
-from nmt.training.precision import choices, recorded
+from nmt.training.precision import recorded
+from nmt.training.precision_record import recipe_choices, record_path
 from nmt.training.step import Updater, updater
 
 __all__ = ["MAX_RATIO_SPREAD", "Paths", "SpeedPlan", "bench", "bench_inputs", "interleaved",
@@ -126,7 +127,8 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
            "recipe": plan.recipe, "testset": testset, "steps": len(timed),
            "sentences": len(test), "padding": padding, "pad_multiple": pad_multiple,
            "padding_share": padding_share(timed), "attention_kernels": kernels}
-    chosen = choices(settings, device, len(src_codec), len(tgt_codec))
+    record = record_path(Path(paths.json).parent, plan.recipe) if paths.json else None
+    chosen = recipe_choices(settings, device, len(src_codec), len(tgt_codec), record)
     precision, decoding = chosen["train"].precision, chosen["decode"].precision
     out |= recorded(chosen)
     # Decoding first, from the shared untrained weights: every sentence runs to its limit.
