@@ -674,6 +674,23 @@ def test_a_recipe_whose_verdict_differs_from_full_size_says_so(tmp_path, mirror,
                                     "size, not at full size.")
 
 
+def test_a_full_size_recipe_is_not_set_against_full_size(tmp_path, mirror):
+    """The study's `tuned` beside `published`: both full size (fake runs: as many parameters),
+    so whatever their standings, no paragraph blames a size."""
+    params, paths = fake_tree(tmp_path, mirror, ["published", "tuned"],
+                              ["baseline", "decoder_only"], [0, 1], [T16])
+    for seed in (0, 1):  # published's decoder-only planted far ahead; tuned's stays behind
+        baseline = json.loads((Run("published", "baseline", seed).dir(paths["results"])
+                               / "metrics.json").read_text())[T16]["bleu"]
+        path = Run("published", "decoder_only", seed).dir(paths["results"]) / "metrics.json"
+        metrics = json.loads(path.read_text())
+        metrics[T16]["bleu"] = baseline + 20 + seed
+        write_json(path, metrics)
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"], full_size=REPO / "reports" / "h200-published"))
+    assert "## Against full size" not in (paths["reports"] / "report.md").read_text("utf-8")
+
+
 def test_a_verdict_over_runs_of_different_precisions_says_so(tmp_path, mirror):
     """The baseline's seed 0 trained in fp32, every other run in bf16 (a busy machine's
     calibration): the verdict sentence, in the report's first words and statistics.json,

@@ -1,6 +1,6 @@
-"""Against full size: for each challenger whose standing against the baseline in a recipe of
-the pipeline (behind, level, ahead on BLEU) differs from its standing at full size, a short
-paragraph with both sides' figures and parameter counts.
+"""Against full size: for each challenger whose standing against the baseline in a smaller
+recipe of the pipeline (behind, level, ahead on BLEU) differs from its standing at full size,
+a short paragraph with both sides' figures and parameter counts.
 
 Full size is the `published` recipe: the pipeline's own runs of it when it runs them, else the
 full-size run the project published (`--full-size`, reports/h200-published: its
@@ -89,7 +89,9 @@ def published_standing(folder: Path, testset: str, model: str) -> Standing | Non
 
 
 def size_section(inp: Inputs, full_size: Path | None) -> list[str]:
-    """A paragraph for each (recipe, challenger) whose standing differs from full size."""
+    """A paragraph for each (recipe, challenger) whose standing differs from full size, of the
+    recipes at most half its size (the baseline's parameters): another full-size recipe
+    (tuned) differs by its recipe, not its size."""
     paragraphs = []
     for model in challengers(inp.models):
         if FULL_SIZE_RECIPE in inp.recipes:
@@ -100,7 +102,8 @@ def size_section(inp: Inputs, full_size: Path | None) -> list[str]:
             full = None
         for recipe in (r for r in inp.recipes if r != FULL_SIZE_RECIPE):
             own = own_standing(inp, recipe, model)
-            if full is not None and own.verdict != full.verdict:
+            smaller = full is not None and own.baseline_params * 2 <= full.baseline_params
+            if smaller and own.verdict != full.verdict:
                 paragraphs += [
                     f"**{model}, `{recipe}` against full size.** On {inp.testsets[0]}, in "
                     f"{own.where}, {own.sentence(model)}. At full size, in {full.where}, "
