@@ -206,10 +206,10 @@ def usable_entry(entry: dict) -> bool:
 
 
 @contextlib.contextmanager
-def locked(path: Path):
-    """An exclusive lock beside the cache at `path` while the block runs, so that one process
-    measures; yields whether the cache can be used (False, with one warning, where its folder
-    cannot be made or locked)."""
+def locked(path: Path, unusable=unkept):
+    """An exclusive lock beside the file at `path` (the cache, or a precision record) while the
+    block runs, so that one process measures or decides; yields whether the file can be used
+    (False, with unusable(path, error)'s warning, where its folder cannot be made or locked)."""
     import fcntl
 
     try:
@@ -217,7 +217,7 @@ def locked(path: Path):
         handle = open(path.with_suffix(".lock"), "a")  # noqa: SIM115 - held across the yield
         fcntl.flock(handle, fcntl.LOCK_EX)
     except OSError as error:
-        unkept(path, error)
+        unusable(path, error)
         yield False
         return
     try:

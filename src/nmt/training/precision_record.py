@@ -16,7 +16,6 @@ nor Snakemake deletes it. A file lock makes runs that start together decide once
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 from collections.abc import Callable
@@ -27,7 +26,7 @@ import torch
 
 from nmt.core.files import write_json
 from nmt.training.precision import Choice, choices
-from nmt.training.precision_cache import machine
+from nmt.training.precision_cache import locked, machine
 
 log = logging.getLogger("nmt.precision")
 
@@ -52,11 +51,10 @@ def recipe_choices(settings: dict, device: torch.device, src_vocab: int, tgt_voc
 
 def decided(path: Path, decide: Callable[[], dict[str, Choice]]) -> dict[str, Choice]:
     """The recipe's choices ({"train", "decode"}): the record's, when it is this machine's;
-    else decide() now, recorded for the recipe's later runs."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = read(path)
+    else decide() now, recorded for the recipe's later runs (where the record's folder cannot
+    be written, for this run only, with one warning)."""
+    with locked(path, unusable=unrecorded) as usable:
+        found = read(path) if usable else None
         if found is not None and found.get("machine") == machine():
             return {kind: Choice(found[kind]["precision"],
                                  f"{found[kind]['reason']} (recorded for the recipe in {path} "
@@ -65,12 +63,18 @@ def decided(path: Path, decide: Callable[[], dict[str, Choice]]) -> dict[str, Ch
         if found is not None:
             log.info("%s was decided on another machine (%s): deciding again here", path,
                      found.get("machine", {}).get("cpu", "unknown"))
-        choices = decide()
-        write_json(path, {"machine": machine(),
-                          "decided": datetime.now(UTC).isoformat(timespec="seconds"),
-                          **{kind: {"precision": c.precision, "reason": c.reason,
-                                    "speedup": c.speedup} for kind, c in choices.items()}})
-        return choices
+        chosen = decide()
+        if usable:
+            write_json(path, {"machine": machine(),
+                              "decided": datetime.now(UTC).isoformat(timespec="seconds"),
+                              **{kind: {"precision": c.precision, "reason": c.reason,
+                                        "speedup": c.speedup} for kind, c in chosen.items()}})
+        return chosen
+
+
+def unrecorded(path: Path, error: OSError) -> None:
+    log.warning("cannot record the recipe's precision in %s (%s): deciding for this run only",
+                path.parent, error.strerror or error)
 
 
 def read(path: Path) -> dict | None:

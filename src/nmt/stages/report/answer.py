@@ -8,7 +8,7 @@ import pandas as pd
 from nmt.core import stats
 from nmt.pipeline.corpora.kinds import kind_of
 from nmt.pipeline.corpus import corpus_settings
-from nmt.stages.report.inputs import BASELINE, LABELS, Inputs, challengers
+from nmt.stages.report.inputs import BASELINE, LABELS, Inputs, challengers, seeds_of
 from nmt.stages.report.markdown import md_table
 
 DIGITS = {"loss": 4, "ppl": 2, "bleu": 2, "bleu_greedy": 2, "chrf": 2}
@@ -32,17 +32,13 @@ def head_section(inp: Inputs) -> list[str]:
     """The title and the answer: the verdict at the margin over the seeds, its numbers, BLEU,
     and the best system."""
     testset, recipe = inp.testsets[0], headline_recipe(inp)
-    n = len(inp.seeds)
     if "scratch" in inp.models and BASELINE in inp.models:
         v = inp.verdicts[recipe, "scratch"]
         s, b = inp.cell(recipe, "scratch", testset), inp.cell(recipe, BASELINE, testset)
-        # Several seeds: the test over seeds (training noise included); else the bootstrap.
-        bleu = {(c.kind, c.seed): c for c in inp.comparisons[recipe, "scratch", testset]
-                if c.metric == "BLEU"}
-        test = bleu.get(("seeds", None)) or bleu["bootstrap", inp.seeds[0]]
+        test = inp.headline_test(recipe, "scratch", LABELS["bleu"])
         how = ("Welch t-test over the seeds" if test.kind == "seeds"
                else f"paired bootstrap of seed {inp.seeds[0]}'s outputs")
-        first = (f"**Verdict on {testset}, `{recipe}` recipe, {n} seed{'s' * (n > 1)} a model: "
+        first = (f"**Verdict on {testset}, `{recipe}` recipe, {seeds_of(len(inp.seeds))} a model: "
                  "the from-scratch Transformer and torch.nn.Transformer "
                  f"{PLAIN[v['outcome']].format(m=v['margin'])}.** {v['sentence']} BLEU (beam): "
                  f"{s.bleu:.2f} against {b.bleu:.2f}; {how}: {stats.verdict(test)}.")

@@ -61,6 +61,24 @@ class Inputs:
         s = self.summary
         return s[(s.recipe == recipe) & (s.model == model) & (s.testset == testset)].iloc[0]
 
+    def tests_of(self, recipe: str, system: str, metric: str):
+        """system - baseline on the first test set's `metric` (a LABELS value): (the Welch test
+        over seeds, None with one seed a side; the first seed's paired bootstrap)."""
+        found = {(c.kind, c.seed): c for c in self.comparisons[recipe, system, self.testsets[0]]
+                 if c.metric == metric}
+        return found.get(("seeds", None)), found["bootstrap", self.seeds[0]]
+
+    def headline_test(self, recipe: str, system: str, metric: str):
+        """The test that speaks for the architectures: over seeds where it ran (training noise
+        included), else the first seed's bootstrap."""
+        seeds, bootstrap = self.tests_of(recipe, system, metric)
+        return seeds or bootstrap
+
+
+def seeds_of(n) -> str:
+    """'1 seed', '3 seeds'."""
+    return f"{int(n)} seed{'s' if n > 1 else ''}"
+
 
 def need(path: Path) -> Path:
     if not path.exists():

@@ -105,11 +105,9 @@ def verdict_of(inp: Inputs, recipe: str, system: str) -> dict:
     """stats.loss_verdict of system - baseline on the first test set: from the Welch test
     over seeds where it ran, else from the first seed's loss bootstrap."""
     testset = inp.testsets[0]
-    found = inp.comparisons[recipe, system, testset]
-    loss = {(c.kind, c.seed): c for c in found if c.metric == LABELS["loss"]}
     t = inp.table[(inp.table.recipe == recipe) & (inp.table.testset == testset)]
     verdict = {"recipe": recipe, "testset": testset} | stats.loss_verdict(
-        loss.get(("seeds", None)), loss["bootstrap", inp.seeds[0]],
+        *inp.tests_of(recipe, system, LABELS["loss"]),
         stats.summarize(t[t.model == system].loss.tolist()),
         stats.summarize(t[t.model == BASELINE].loss.tolist()))
     return verdict | mixed_precisions(inp, recipe, (system, BASELINE), verdict["sentence"])

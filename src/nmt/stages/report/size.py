@@ -16,7 +16,7 @@ import pandas as pd
 from nmt.core import stats
 from nmt.core.files import read_json
 from nmt.core.runs import Run
-from nmt.stages.report.inputs import BASELINE, Inputs, challengers
+from nmt.stages.report.inputs import BASELINE, LABELS, Inputs, challengers, seeds_of
 
 FULL_SIZE_RECIPE = "published"
 PHRASE = {"behind": "behind", "level": "level with", "ahead": "ahead of"}
@@ -52,17 +52,11 @@ class Standing:
                 + (f", {self.updates:,} updates each" if self.updates else ""))
 
 
-def seeds_of(n) -> str:
-    return f"{int(n)} seed{'s' if n > 1 else ''}"
-
-
 def own_standing(inp: Inputs, recipe: str, model: str) -> Standing:
     """From the pipeline's runs: the Welch test over seeds where it ran, else the first
     seed's paired bootstrap."""
     testset = inp.testsets[0]
-    bleu = {(c.kind, c.seed): c for c in inp.comparisons[recipe, model, testset]
-            if c.metric == "BLEU"}
-    c = bleu.get(("seeds", None)) or bleu["bootstrap", inp.seeds[0]]
+    c = inp.headline_test(recipe, model, LABELS["bleu"])
     s, b = inp.cell(recipe, model, testset), inp.cell(recipe, BASELINE, testset)
     updates = {inp.runs[Run(recipe, m, seed)]["train"].get("updates")
                for m in (model, BASELINE) for seed in inp.seeds}
