@@ -1,6 +1,7 @@
 """data.corpus files and huggingface: download writes the same data/raw for both, checks what
 it reads, and every bad input is one line naming the key and the fix."""
 
+import copy
 import gzip
 
 import pandas as pd
@@ -129,6 +130,12 @@ def test_bad_files_are_one_line_and_leave_nothing(corpus, tmp_path, case, want):
     assert want.format(missing=tmp_path / "nope.en", corrupt=tmp_path / "bad.train.en.gz",
                        latin1=tmp_path / "bad.train.en") in message, message
     assert not (tmp_path / "raw").exists() and not list(tmp_path.glob(".raw.*"))
+    # Sources, which download depends on, refuses it first with the same line and records
+    # nothing: neither orchestrator gets to delete data/raw for this download.
+    record = tmp_path / "sources.sha256"
+    with pytest.raises(NmtError) as e:
+        sources.refresh(settings("files", files), record)
+    assert str(e.value) == message and not record.exists()
 
 
 def test_bad_huggingface_datasets_are_one_line(corpus, tmp_path):
@@ -157,6 +164,17 @@ def test_bad_huggingface_datasets_are_one_line(corpus, tmp_path):
             download(settings("huggingface", entry), DownloadPaths(tmp_path / "raw"))
         assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
         assert not (tmp_path / "raw").exists()
+    # A wrong split or path is refused by sources first (download depends on it), which reads
+    # no rows: the columns are download's to check.
+    record = tmp_path / "sources.sha256"
+    for entry, want in [cases[0][0], "params.yaml: data.huggingface.splits.val: 'nosuch': "
+                        f"{hf['path']} has no split 'nosuch' (its splits: test, train, "
+                        "validation)"], [cases[1][0], cases[1][1]]:
+        with pytest.raises(NmtError) as e:
+            sources.refresh(settings("huggingface", entry), record)
+        assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
+        assert not record.exists()
+    assert sources.refresh(settings("huggingface", cases[2][0]), record)
 
 
 def test_the_schemas_corpus_kinds_are_the_tables():
@@ -166,7 +184,7 @@ def test_the_schemas_corpus_kinds_are_the_tables():
 
 def test_every_kind_gives_what_the_pipeline_asks_of_a_kind():
     for name, kind in KINDS.items():
-        for function in ("check", "preflight", "describe", "download", "title"):
+        for function in ("check", "preflight", "describe", "vet", "download", "title"):
             assert callable(getattr(kind, function, None)), (name, function)
         for key in kind.SETTINGS:  # a default in params.yaml: DVC reads every declared key
             assert key.split(".")[1] in PARAMS["data"], (name, key)
@@ -214,7 +232,7 @@ def test_word_vocabularies_need_word_tokens(params_file):
 
 def test_one_pipeline_trains_on_one_corpus(params_file, corpus):
     params = yaml.safe_load(params_file.read_text())
-    params["recipes"]["demo"]["data"] = corpus_data("files", corpus["files"])
+    params["recipes"]["demo"]["data"] = corpus_data("files", copy.deepcopy(corpus["files"]))
     params["recipes"]["demo"]["evaluate"]["testsets"] = ["news_test"]
     params["pipeline"]["recipes"] = ["published", "demo"]
     params_file.write_text(yaml.safe_dump(params))

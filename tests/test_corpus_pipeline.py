@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import gzip
 import re
+import stat
 
 import pandas as pd
 import pytest
@@ -73,6 +74,34 @@ def test_iwslt14_on_local_files_under_dvc(first_runs):
         s.startswith("config") for s in ran), ran
     assert "An edited sentence." in (root / "data/tokenized/news_test.en.txt").read_text()
 
+    # A file saved as Latin-1: sources, which download depends on, refuses it in one line
+    # before DVC deletes data/raw for a download bound to fail (it did).
+    raw = raw_files(root)
+    good = (corpus / "train.en").read_bytes()
+    (corpus / "train.en").write_bytes(good + "Ein Fußgänger.\n".encode("latin-1"))
+    out = run(["dvc", "repro", "download"], root, check=False)
+    assert "data.files.train.en" in out and "line 1001 is not UTF-8" in out, out
+    assert raw_files(root) == raw and "Running stage 'download'" not in out, out
+
+    # data/raw a link to a folder outside the checkout: refused before DVC deletes it, which
+    # made that folder writable to everyone (mode 777) before download replaced the link.
+    (corpus / "train.en").write_bytes(good)
+    outside = corpus.parent / "raw_elsewhere"
+    (root / "data/raw").rename(outside)
+    outside.chmod(0o755)
+    (root / "data/raw").symlink_to(outside)
+    out = run(["dvc", "repro", "download"], root, check=False)
+    assert f"data/raw is a link to {outside}, outside the checkout" in out, out
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o755 and (root / "data/raw").is_symlink()
+    (root / "data/raw").unlink()  # the fix the line gives: the link goes, the folder stays
+    ran = re.findall(r"Running stage '([^']+)'", run(["dvc", "repro", "download"], root))
+    assert set(ran) <= {"sources", "download"} and raw_files(root) == raw, ran
+    assert not (root / "data/raw").is_symlink() and sorted(outside.iterdir())
+
+
+def raw_files(root) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((root / "data/raw").iterdir())}
+
 
 def test_wmt14_on_a_local_huggingface_dataset_under_snakemake(first_runs):
     root, dataset = first_runs["wmt14"]["root"], first_runs["wmt14"]["corpus"]
@@ -94,3 +123,13 @@ def test_wmt14_on_a_local_huggingface_dataset_under_snakemake(first_runs):
     ran = set(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", out))
     assert ran == {"download", "tokenize"}, out
     assert "An edited sentence." in (root / "data/tokenized/news_test.en.txt").read_text()
+
+    # A dataset path that does not resolve: one line when Snakemake reads the workflow, and
+    # data/raw as it was (Snakemake deleted it, then download failed).
+    raw = raw_files(root)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["recipes"]["wmt14"]["data"]["huggingface"]["path"] = str(dataset) + "_moved"
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = run(["snakemake", "--cores", "2"], root, check=False)
+    assert "snakemake: error: params.yaml: data.huggingface.path: cannot load" in out, out
+    assert raw_files(root) == raw

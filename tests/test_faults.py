@@ -31,6 +31,7 @@ from nmt.core.checkpoint import load, setting_differences
 from nmt.core.errors import EX_IOERR, NmtError
 from nmt.core.records import RECORD
 from nmt.core.runs import Run
+from nmt.pipeline import preflight
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
 from train_helpers import assert_same_outputs, params_file, tiny_data, train_argv
@@ -495,3 +496,51 @@ def test_an_undeletable_file_in_an_output_folder_costs_no_good_file(tmp_path):
     finally:
         for stuck in tmp_path.rglob("stuck.tok"):
             subprocess.run(["chattr", "-i", str(stuck)])
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "aside"])
+def test_an_output_folder_linked_outside_the_checkout_becomes_a_folder_in_it(
+        tmp_path, monkeypatch, caplog, exchange):
+    """data/raw a link to a folder outside: the new folder takes the link's place, with one
+    warning; nothing is written or deleted where it pointed, and no hidden link is left (one
+    was, `data/.raw.*.tmp -> outside`, before the old folder's removal knew links)."""
+    if not exchange:
+        monkeypatch.setattr(files, "exchange", lambda a, b: False)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "train.de.gz").write_text("theirs")
+    data = tmp_path / "checkout" / "data"
+    data.mkdir(parents=True)
+    (data / "raw").symlink_to(outside)
+    with caplog.at_level("WARNING", logger="nmt.files"), files.atomic_dir(data / "raw") as tmp:
+        (tmp / "train.de.gz").write_text("ours")
+    assert not (data / "raw").is_symlink() and (data / "raw" / "train.de.gz").read_text() == "ours"
+    assert [p.name for p in data.iterdir()] == ["raw"]
+    assert [(p.name, p.read_text()) for p in outside.iterdir()] == [("train.de.gz", "theirs")]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{data / 'raw'} was a link to {outside}: it is now a folder in the checkout, and what "
+        "the link pointed at is untouched"]
+
+
+def test_an_output_linked_outside_the_checkout_is_refused_before_anything_is_deleted(tmp_path):
+    """What DVC and Snakemake check first (sources; the Snakefile): a folder output that is a
+    link out of the checkout is one line naming it; a link inside the checkout, or a link
+    that is no output (data/corpus), passes."""
+    root = tmp_path / "checkout"
+    (root / "workflow").mkdir(parents=True)
+    shutil.copy(REPO / "workflow" / "stages.yaml", root / "workflow")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "data" / "vocab").mkdir(parents=True)
+    (root / "data" / "corpus").symlink_to(outside)
+    (root / "kept").mkdir()
+    (root / "data" / "raw").symlink_to(root / "kept")
+    preflight.check_links(root)
+    for output in ("data/vocab/demo", "results/demo-scratch-s0/translations", "reports/figures"):
+        (root / output).parent.mkdir(parents=True, exist_ok=True)
+        (root / output).symlink_to(outside)
+        with pytest.raises(NmtError) as e:
+            preflight.check_links(root)
+        assert str(e.value).startswith(f"{root / output} is a link to {outside}, outside the "
+                                       "checkout"), str(e.value)
+        (root / output).unlink()

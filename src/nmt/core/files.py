@@ -19,6 +19,7 @@ import ctypes
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,6 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nmt.core.errors import FULL, DiskFull, NmtError
+
+log = logging.getLogger("nmt.files")
 
 
 def _umask() -> int:
@@ -85,10 +88,17 @@ def temporaries(path: Path, suffix: str = ".tmp") -> list[Path]:
 def remove_temporaries(path: str | Path) -> None:
     """Delete what killed writes of `path` left (see the module's docstring for why it is safe)."""
     for tmp in temporaries(Path(path)):
-        if tmp.is_dir() and not tmp.is_symlink():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+        discard(tmp)
+
+
+def discard(path: Path) -> None:
+    """Delete a folder tree, a file, or a link: the link alone, never what it points at. What
+    cannot go now, the next write of the same output removes (remove_temporaries)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+            path.unlink()
 
 
 @contextmanager
@@ -122,9 +132,12 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         try:
             yield tmp
             tmp.chmod(0o777 & ~_umask())
+            if path.is_symlink():  # written here, never where the link points (maybe outside)
+                log.warning("%s was a link to %s: it is now a folder in the checkout, and what "
+                            "the link pointed at is untouched", path, os.readlink(path))
             replace_dir(tmp, path)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            discard(tmp)  # the new folder, or the old one (or link) it swapped with
 
 
 def replace_dir(new: Path, path: Path) -> None:
@@ -139,7 +152,7 @@ def replace_dir(new: Path, path: Path) -> None:
         aside = new.with_name(new.name.removesuffix(".tmp") + ".old")
         os.replace(path, aside)
         os.replace(new, path)
-        shutil.rmtree(aside, ignore_errors=True)  # what cannot go now, restore_aside removes
+        discard(aside)  # what cannot go now, restore_aside removes
 
 
 def exchange(a: Path, b: Path) -> bool:
@@ -162,7 +175,7 @@ def restore_aside(path: Path) -> None:
     one; deleted if the new folder got there."""
     for aside in temporaries(path, ".old"):
         if os.path.lexists(path):
-            shutil.rmtree(aside, ignore_errors=True)
+            discard(aside)
         else:
             os.replace(aside, path)
 

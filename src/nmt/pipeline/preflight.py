@@ -37,12 +37,13 @@ CLOCK_SLACK_S = 2.0
 
 def check_settings(params: dict, root: Path = Path(".")) -> None:
     """What needs no GPU to check: the corpus's files are there, as its kind checks them
-    (nmt.pipeline.corpora: multi30k, each has its pin; files, each exists), every output is
-    writable."""
+    (nmt.pipeline.corpora: multi30k, each has its pin; files, each exists), no output is a
+    link out of the checkout (check_links), every output is writable."""
     data = corpus_settings(params)["data"]
     at = (f"recipes.{corpus_recipe(params)}.data"
           if "data" in params["recipes"][corpus_recipe(params)] else "data")
     kind_of(data).preflight(data, at, root)
+    check_links(root)
     for folder in OUTPUT_FOLDERS:
         if (root / folder).exists() and not (root / folder).is_dir():
             raise NmtError(not_a_folder(root / folder))
@@ -58,19 +59,13 @@ def check_outputs_writable(stage: str, args, root: Path = Path(".")) -> None:
     another user's, is one line before the work rather than a traceback after it. Its outputs:
     --out where the command line gives one, else those workflow/stages.yaml declares, with
     {recipe}, {model} and {seed} from the command line."""
-    declaration = root / "workflow" / "stages.yaml"
-    declared = {}  # the stage's entry: its outs, metrics, plots
-    if declaration.is_file():
-        stages = read_yaml(declaration.read_text(), str(declaration)).get("stages", {})
-        declared = stages.get(stage) or {}
+    declared = declared_outputs(root).get(stage)
     if getattr(args, "out", None):
         outputs = [root / args.out]
     elif declared:
-        paths = [*declared.get("outs", []), *declared.get("metrics", []),
-                 *declared.get("plots", [])]
         outputs = [root / re.sub(r"\{(recipe|model|seed)\}",
                                  lambda m: str(getattr(args, m.group(1))), path)
-                   for path in paths]
+                   for path in declared]
     else:  # not run in a checkout, or a stage not declared yet: nothing to check
         return
     for output in outputs:
@@ -83,6 +78,37 @@ def check_outputs_writable(stage: str, args, root: Path = Path(".")) -> None:
             shown = Path.cwd() if folder == Path(".") else folder  # not a bare "."
             raise NmtError(f"{shown}: not writable, and nmt {stage} writes there (fix: chmod "
                            f"u+w {shown}, or run in a copy you may write)")
+
+
+def declared_outputs(root: Path = Path(".")) -> dict[str, list[str]]:
+    """Stage -> its outputs as workflow/stages.yaml declares them (outs, metrics, plots),
+    with {recipe}, {model}, {seed} in them; nothing outside a checkout."""
+    declaration = Path(root) / "workflow" / "stages.yaml"
+    if not declaration.is_file():
+        return {}
+    stages = read_yaml(declaration.read_text(), str(declaration)).get("stages", {})
+    return {name: [*entry.get("outs", []), *entry.get("metrics", []), *entry.get("plots", [])]
+            for name, entry in stages.items() if entry}
+
+
+def check_links(root: Path = Path(".")) -> None:
+    """No output a stage replaces whole is a link to a folder outside the checkout (data/raw
+    -> /elsewhere). DVC deletes an output before its stage runs and, meeting such a link,
+    makes the folder it points at writable to everyone (its rmtree error handler chmods
+    through the link); the stage would then put a folder of its own in the link's place.
+    Refused before either tool deletes anything: Snakemake calls this when it reads the
+    workflow, DVC in the sources stage, an ancestor of every stage that writes a folder."""
+    checkout = Path(root).resolve()
+    for patterns in declared_outputs(root).values():
+        for pattern in patterns:
+            for path in Path(root).glob(re.sub(r"\{\w+\}", "*", pattern)):
+                if path.is_symlink() and path.is_dir() and not path.name.startswith(".") \
+                        and not path.resolve().is_relative_to(checkout):
+                    raise NmtError(
+                        f"{path} is a link to {os.readlink(path)}, outside the checkout, and "
+                        "the pipeline replaces it whole (DVC would first make that folder "
+                        f"writable to everyone) (fix: rm {path}, which removes the link "
+                        "alone, and run again: the pipeline writes it in the checkout)")
 
 
 def writable_needed(folder: Path) -> list[Path]:

@@ -5,7 +5,10 @@ The files of data.corpus: files (or a local Hugging Face dataset folder) lie out
 project, where neither orchestrator looks. So DVC runs this stage every time
 (`always_changed`) and Snakemake runs `refresh` when it reads the workflow; the file is
 rewritten only when its text changes, and download depends on it: an unchanged corpus
-re-runs nothing.
+re-runs nothing. A changed one is first read as download would read it (the kind's `vet`:
+text that is not UTF-8, sides that do not pair up, a Hugging Face path that does not
+resolve): this stage then fails, before either orchestrator deletes data/raw to run a
+download bound to fail, and records nothing, so the next run reads it again.
 
 What the lines are is the corpus kind's to say (its `describe`, nmt.pipeline.corpora): the
 pinned sha256 of each Multi30k file, the sha256 of each file of data.files, of each file of a
@@ -20,6 +23,7 @@ import logging
 from pathlib import Path
 
 from nmt.core.files import write_text
+from nmt.pipeline import preflight
 from nmt.pipeline.corpora.kinds import kind_of
 from nmt.pipeline.corpus import corpus_settings
 
@@ -41,6 +45,7 @@ def refresh(settings: dict, out: Path = OUT, root: Path = Path(".")) -> bool:
     if Path(out).is_file() and Path(out).read_text() == text:
         log.info("%s: unchanged", out)
         return False
+    kind_of(settings["data"]).vet(settings["data"], Path(root))
     write_text(out, text)
     log.info("%s: written", out)
     return True
@@ -57,4 +62,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args, params: dict) -> None:
+    # DVC runs this stage on every `dvc repro`, before any stage that deletes a folder to
+    # write it again: the one place a guard runs first there (Snakemake's: its Snakefile).
+    preflight.check_links()
     refresh(corpus_settings(params), args.out)

@@ -10,6 +10,9 @@ each taking the corpus settings (the resolved data section):
                                (nmt.pipeline.preflight);
   describe(data, root)         the lines of params/sources.sha256 after its header: the sha256 of
                                every file the corpus is made of (nmt.stages.sources);
+  vet(data, root)              what download would refuse, read without writing: sources runs
+                               it when those lines changed, so that a download bound to fail
+                               stops before either orchestrator deletes data/raw;
   download(data, origin, out)  every file of data/raw (nmt.pipeline.corpus.raw_names) into out
                                (nmt.stages.download; `origin`: raw.Origin);
   title(data)                  what the report's heading calls the corpus (nmt.stages.report).

@@ -5,11 +5,12 @@ folder. Download reads them, checks that the sides pair up, and writes them gzip
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from nmt.core.errors import NmtError
 from nmt.core.files import sha256
-from nmt.pipeline.corpora.raw import Origin, read_text, write_split
+from nmt.pipeline.corpora.raw import Origin, read_text, vet_split, write_split
 from nmt.pipeline.corpus import splits
 
 # Its settings: the keys of data it reads, download and sources alike (workflow/stages.yaml
@@ -58,10 +59,21 @@ def title(data: dict) -> str:
     return "local files (data.files)"
 
 
+def vet(data: dict, root: Path) -> None:
+    """What download would refuse, read without writing (sources runs it when a file changed,
+    before either orchestrator deletes data/raw for a download bound to fail)."""
+    for split in splits(data):
+        vet_split(split, read_split(data, root, split), f"data.files.{split}")
+
+
 def download(data: dict, origin: Origin, out: Path) -> None:
     """data.files.<split>.<lang> into out, both sides of a split checked."""
-    files = local_files(data, origin.root)
     for split in splits(data):
-        sides = {lang: read_text(files[f"{split}.{lang}.gz"], f"data.files.{split}.{lang}")
-                 for lang in (data["source_lang"], data["target_lang"])}
-        write_split(out, split, sides, f"data.files.{split}")
+        write_split(out, split, read_split(data, origin.root, split), f"data.files.{split}")
+
+
+def read_split(data: dict, root: Path, split: str) -> dict[str, Iterator[str]]:
+    """Language -> the lines of its file of `split` (read as they are taken)."""
+    files = local_files(data, root)
+    return {lang: read_text(files[f"{split}.{lang}.gz"], f"data.files.{split}.{lang}")
+            for lang in (data["source_lang"], data["target_lang"])}

@@ -7,6 +7,8 @@ the local Hugging Face cache (HF_HUB_OFFLINE=1).
 
 from __future__ import annotations
 
+import json
+from contextlib import contextmanager
 from pathlib import Path
 
 from nmt.core.errors import NmtError
@@ -38,14 +40,16 @@ def preflight(data: dict, at: str, root: Path) -> None:
 
 
 def describe(data: dict, root: Path) -> list[str]:
-    """The sha256 of each file of a local dataset folder; a Hub dataset is known by
-    data.huggingface itself (a params dependency of download), so it has no lines."""
-    folder = Path(root) / data["huggingface"]["path"]
+    """data.huggingface itself (so that a changed path or split is vetted), then the sha256
+    of each file of a local dataset folder (a Hub dataset is known by its settings)."""
+    hf = data["huggingface"]
+    settings = f"# data.huggingface: {json.dumps(hf, sort_keys=True)}"
+    folder = Path(root) / hf["path"]
     if not folder.is_dir():
-        return []
+        return [settings]
     files = [f.relative_to(folder) for f in sorted(folder.rglob("*")) if f.is_file()]
-    return [f"{sha256(folder / f)}  {f}" for f in files
-            if not any(part.startswith(".") for part in f.parts)]
+    return [settings, *(f"{sha256(folder / f)}  {f}" for f in files
+                        if not any(part.startswith(".") for part in f.parts))]
 
 
 def title(data: dict) -> str:
@@ -82,21 +86,58 @@ def download(data: dict, origin: Origin, out: Path) -> None:
                     f"data.huggingface.splits.{split}")
 
 
+def vet(data: dict, root: Path) -> None:
+    """Whether the dataset resolves (a wrong path or Hub id) and, where its files name their
+    splits, whether each split asked for is one: datasets.load_dataset_builder, which reads
+    no rows. Sources runs it when data.huggingface or a file of a local dataset changed,
+    before either orchestrator deletes data/raw for a download bound to fail."""
+    hf = data["huggingface"]
+    datasets = imported()
+    with load_errors(hf, split=None):
+        builder = datasets.load_dataset_builder(hf["path"], hf.get("name"))
+    known = {str(split) for split in getattr(builder.config, "data_files", None) or {}}
+    for split in splits(data) if known else ():
+        spec = hf["splits"][split]
+        for part in spec.split("+"):
+            if part.split("[")[0].strip() not in known:
+                raise NmtError(f"params.yaml: data.huggingface.splits.{split}: {spec!r}: "
+                               f"{hf['path']} has no split {part.split('[')[0].strip()!r} "
+                               f"(its splits: {', '.join(sorted(known))}) (fix: name a split "
+                               "the dataset has)")
+
+
 def load_split(hf: dict, split: str):
     """One split of the dataset; a wrong path or split is one line."""
+    datasets = imported()
+    with load_errors(hf, split):
+        return datasets.load_dataset(hf["path"], hf.get("name"), split=hf["splits"][split])
+
+
+def imported():
+    """The datasets package, quiet; one line where it is not installed."""
     try:
         import datasets
     except ImportError:
         raise NmtError("data.corpus huggingface needs the datasets package (fix: pip install "
                        "datasets, as requirements.txt pins it)") from None
-    spec = hf["splits"][split]
     datasets.logging.set_verbosity_error()
     datasets.disable_progress_bars()
+    return datasets
+
+
+@contextmanager
+def load_errors(hf: dict, split: str | None):
+    """What datasets raises for a wrong path or split, as one line naming the params key."""
+    import datasets
     try:
-        return datasets.load_dataset(hf["path"], hf.get("name"), split=spec)
-    except ValueError as e:  # an unknown split or a bad slice
-        raise NmtError(f"params.yaml: data.huggingface.splits.{split}: {spec!r}: {e} (fix: "
-                       "name a split the dataset has)") from None
+        yield
+    except ValueError as e:  # an unknown split or a bad slice; an unknown config name
+        if split is None:
+            raise NmtError(f"params.yaml: data.huggingface: {hf['path']!r}: {e} (fix: name "
+                           "a config the dataset has)") from None
+        raise NmtError(f"params.yaml: data.huggingface.splits.{split}: "
+                       f"{hf['splits'][split]!r}: {e} (fix: name a split the dataset "
+                       "has)") from None
     except (FileNotFoundError, ConnectionError, OSError,
             datasets.exceptions.DatasetNotFoundError) as e:
         raise NmtError(f"params.yaml: data.huggingface.path: cannot load {hf['path']!r}"

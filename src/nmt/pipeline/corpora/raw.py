@@ -34,10 +34,22 @@ class Origin:
 
 def write_split(out: Path, split: str, sides: dict[str, Iterable[str]], where: str) -> int:
     """Write one split's sides as <split>.<lang>.gz, a sentence a line, streaming; refuse
-    sides of different lengths, an empty split and one without enough text (check_text).
+    sides of different lengths, an empty split and one without enough text (check_split).
     Returns the number of pairs."""
-    texts = {lang: write_side(out / f"{split}.{lang}.gz", sentences)
-             for lang, sentences in sides.items()}
+    return check_split(split, {lang: write_side(out / f"{split}.{lang}.gz", sentences)
+                               for lang, sentences in sides.items()}, where)
+
+
+def vet_split(split: str, sides: dict[str, Iterable[str]], where: str) -> int:
+    """What write_split refuses, read without writing anything (a kind's vet)."""
+    return check_split(split, {lang: bytearray(bool(one_line(s)) for s in sentences)
+                               for lang, sentences in sides.items()}, where)
+
+
+def check_split(split: str, texts: dict[str, bytearray], where: str) -> int:
+    """Refuse sides of different lengths, an empty split and one without enough text
+    (check_text); texts: a byte a line of each side, 1 where it holds text. Returns the
+    number of pairs."""
     (src, src_text), (tgt, tgt_text) = texts.items()
     if len(src_text) != len(tgt_text):
         raise NmtError(f"{where}: {split} has {len(src_text)} {src} but {len(tgt_text)} {tgt} "
@@ -58,10 +70,15 @@ def write_side(path: Path, sentences: Iterable[str]) -> bytearray:
     with open(path, "wb") as raw, \
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
         for sentence in sentences:
-            line = " ".join(sentence.split("\n")).strip()
+            line = one_line(sentence)
             f.write((line + "\n").encode("utf-8"))
             text.append(bool(line))
     return text
+
+
+def one_line(sentence: str) -> str:
+    """A sentence as data/raw holds it: one line, its newlines spaces, no space around it."""
+    return " ".join(sentence.split("\n")).strip()
 
 
 def check_text(split: str, texts: dict[str, bytearray], where: str) -> None:
