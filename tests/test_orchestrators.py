@@ -459,6 +459,65 @@ def test_a_read_only_checkout_is_one_line_to_a_writer_and_works_for_a_reader(tra
         shutil.rmtree(box)
 
 
+def mounted_read_only(root: Path, folder: Path, cmd: list[str]) -> tuple[int, str]:
+    """cmd run in root with `folder` read-only to it alone: a read-only bind mount in a private
+    mount namespace (unshare -m), which root cannot write through either. The `cd` enters
+    the working folder again through the new mount (the one it was started in is below it)."""
+    script = ('mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && cd "$(pwd)" '
+              '&& exec "$@"')
+    proc = start_as(["unshare", "-m", "sh", "-c", script, str(folder), *cmd], root)
+    return proc.wait(timeout=300), finish(proc, check=False)
+
+
+@pytest.mark.slow
+def test_a_read_only_checkout_plans_under_snakemake_or_says_why_not(trained):
+    """Read-only for real (mounted so). The whole checkout: `snakemake -n` is one line naming
+    Snakemake's own .snakemake/, which Snakemake 9 writes even in a dry run (its I/O cache;
+    the line was "data: not writable", the pipeline's reason, not the one that stops it), and
+    `dvc status` stops in DVC's own error on .dvc/tmp/lock, which docs/troubleshooting.md
+    gives the same fix for. Only data/ read-only: the dry run plans, a run is one line."""
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
+    status, out = mounted_read_only(trained, trained, ["snakemake", "-n", "--cores", "1"])
+    assert status == 1 and "Traceback" not in out, out
+    where = rf"({re.escape(str(trained))}|\.snakemake)"  # .snakemake/ once Snakemake ran here
+    assert re.fullmatch(
+        rf"snakemake: error: {where}: not writable, and Snakemake writes its state there even "
+        rf"in a dry run \(fix: run it in a copy you may write, e.g. cp -a "
+        rf"{re.escape(str(trained))} /tmp/copy\)",
+        "\n".join(line for line in out.splitlines() if "error" in line.lower())), out
+    status, out = mounted_read_only(trained, trained, ["dvc", "status"])
+    assert status != 0 and "Read-only file system" in out and ".dvc/tmp/lock" in out, out
+
+    # A stale lock stays through a dry run, which locks nothing (the Snakefile asked
+    # workflow.dryrun, which is False while it is read: the lock went).
+    lock = trained / ".snakemake" / "locks" / "0.output.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text("results/x\n")
+    status, out = mounted_read_only(trained, trained / "data", ["snakemake", "-n", "--cores", "1"])
+    assert status == 0 and "Traceback" not in out and "error" not in out.lower(), out
+    assert lock.is_file() and "removed the lock" not in out, out
+    lock.unlink()
+    # params/ read-only and the corpus's record out of date: the dry run plans and says that
+    # its plan leaves the corpus out (it may not write the record that would bring it in).
+    record = trained / "params" / "sources.sha256"
+    text, times = record.read_text(), record.stat()
+    record.write_text(text + "# out of date\n")
+    try:
+        status, out = mounted_read_only(trained, trained / "params",
+                                        ["snakemake", "-n", "--cores", "1"])
+    finally:
+        record.write_text(text)
+        os.utime(record, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert status == 0 and "snakemake: warning: the corpus changed since " \
+        "params/sources.sha256 was written, and this dry run may not write it" in out, out
+    status, out = mounted_read_only(trained, trained / "data",
+                                    ["snakemake", "--cores", "1", "data/raw"])
+    assert status == 1 and "snakemake: error: data: not writable, and the pipeline writes " \
+        "there (fix: chmod u+w data, or run in a copy you may write)" in out, out
+
+
 # ---- item 7: a file damaged inside a folder output -------------------------------------------
 
 def cache_object(root: Path, path: Path) -> Path:

@@ -35,10 +35,11 @@ TIMED = ("params.yaml", "workflow", "src", "data", "params", "results", "exports
 CLOCK_SLACK_S = 2.0
 
 
-def check_settings(params: dict, root: Path = Path(".")) -> None:
+def check_settings(params: dict, root: Path = Path("."), *, writes: bool = True) -> None:
     """What needs no GPU to check: the corpus's files are there, as its kind checks them
     (nmt.pipeline.corpora: multi30k, each has its pin; files, each exists), no output is a
-    link out of the checkout (check_links), every output is writable."""
+    link out of the checkout (check_links), and, for a run that writes (not a dry run),
+    every output is writable."""
     data = corpus_settings(params)["data"]
     at = (f"recipes.{corpus_recipe(params)}.data"
           if "data" in params["recipes"][corpus_recipe(params)] else "data")
@@ -47,7 +48,7 @@ def check_settings(params: dict, root: Path = Path(".")) -> None:
     for folder in OUTPUT_FOLDERS:
         if (root / folder).exists() and not (root / folder).is_dir():
             raise NmtError(not_a_folder(root / folder))
-        for path in writable_needed(root / folder):
+        for path in writable_needed(root / folder) if writes else ():
             if not os.access(path, os.W_OK | os.X_OK):
                 raise NmtError(f"{path}: not writable, and the pipeline writes there (fix: "
                                f"chmod u+w {path}, or run in a copy you may write)")
@@ -109,6 +110,24 @@ def check_links(root: Path = Path(".")) -> None:
                         "the pipeline replaces it whole (DVC would first make that folder "
                         f"writable to everyone) (fix: rm {path}, which removes the link "
                         "alone, and run again: the pipeline writes it in the checkout)")
+
+
+def check_dry_run(root: Path = Path(".")) -> None:
+    """What a dry run (snakemake -n) needs to write: not the pipeline's folders (check_settings
+    leaves them to the run), but Snakemake's own state, .snakemake/, where Snakemake 9 saves
+    its I/O cache even in a dry run (a read-only checkout: OSError [Errno 30] on
+    .snakemake/iocache/latest.pkl, a traceback)."""
+    for path in writable_needed(Path(root) / ".snakemake"):
+        if not os.access(path, os.W_OK | os.X_OK):
+            shown = path.resolve() if path == Path(root) else path  # not a bare "."
+            raise NmtError(f"{shown}: not writable, and Snakemake writes its state there even "
+                           "in a dry run (fix: run it in a copy you may write, e.g. cp -a "
+                           f"{Path(root).resolve()} /tmp/copy)")
+
+
+def may_write(path: Path) -> bool:
+    """Whether this user may write `path` (or make it, where it is not there yet)."""
+    return os.access(path if path.exists() else writable_needed(path)[0], os.W_OK)
 
 
 def writable_needed(folder: Path) -> list[Path]:

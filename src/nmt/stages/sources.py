@@ -42,13 +42,18 @@ def refresh(settings: dict, out: Path = OUT, root: Path = Path(".")) -> bool:
     """Stage sources: write `out` if its text would change; True if it did. settings: the
     pipeline's corpus settings (nmt.pipeline.corpus.corpus_settings)."""
     text = describe(settings["data"], root)
-    if Path(out).is_file() and Path(out).read_text() == text:
+    if not stale(text, out):
         log.info("%s: unchanged", out)
         return False
     kind_of(settings["data"]).vet(settings["data"], Path(root))
     write_text(out, text)
     log.info("%s: written", out)
     return True
+
+
+def stale(text: str, out: Path = OUT) -> bool:
+    """Whether `out` does not hold `text` (describe's) yet."""
+    return not (Path(out).is_file() and Path(out).read_text() == text)
 
 
 # ---- `nmt sources`: nmt.cli builds the subcommand from HELP, arguments and command ---------------
