@@ -312,7 +312,7 @@ def test_verify_names_a_train_split_without_padding_in_one_line(tmp_path):
     paths = VerifyPaths(tokenized(tmp_path / "tok", lines), word_vocab(tmp_path, lines),
                         tmp_path / "verify.json")
     with pytest.raises(NmtError) as e:
-        verify({"model": PARAMS["model"]}, paths)
+        verify({"model": PARAMS["model"]}, paths, "scratch")
     assert str(e.value) == ("the train split gives verify no batch with padding on both sides: "
                             "in each of its 30 batches, the first 4 sentences of a side are all "
                             "one length (fix: a train split whose sentences vary in length; "

@@ -112,9 +112,10 @@ def test_every_stage_runs_the_shared_code_and_its_own_module_first():
 
 
 def test_a_job_of_one_model_runs_that_models_code_and_no_others():
-    """train, evaluate and export run per model: their code reaches the registry but no
-    model, and each job adds its model's (its entry and what that names); verify and bench,
-    which build every model, hold them all."""
+    """train, evaluate, export and verify run per model: their code reaches the registry but
+    no model (verify: but the reference, which scratch's twin checks build), and each job
+    adds its model's (its entry and what that names); bench, which builds every model, holds
+    them all."""
     train = STAGES["train"]
     assert "models/registry.py" in train.code
     assert not [c for c in train.code if c.startswith(("models/scratch", "models/baseline"))]
@@ -128,17 +129,21 @@ def test_a_job_of_one_model_runs_that_models_code_and_no_others():
     # the decoder-only model takes scratch's attention block, not its encoder
     assert "models/scratch/attention.py" in decoder_only
     assert "models/scratch/encoder.py" not in decoder_only
-    for name in ("verify", "bench"):
-        assert not STAGES[name].model_code
-        assert scratch | baseline | decoder_only <= set(STAGES[name].code), name
+    assert not STAGES["bench"].model_code
+    assert scratch | baseline | decoder_only <= set(STAGES["bench"].code)
+    verify = STAGES["verify"]
+    assert baseline | {"models/entries/baseline.py"} <= set(verify.code)
+    assert not [c for c in verify.code if c.startswith(("models/scratch", "models/entries/s",
+                                                         "models/entries/d"))]
+    assert set(verify.model_code["scratch"]) == scratch - set(verify.code)
     assert STAGES["evaluate"].model_code.keys() == STAGES["export"].model_code.keys() == \
-        {"baseline", "scratch", "decoder_only"}
+        verify.model_code.keys() == {"baseline", "scratch", "decoder_only"}
 
 
 def test_registering_a_model_changes_no_data_stage_and_no_existing_runs_code(tmp_path):
     """A fourth model (its module and its entry module): the data stages' code and every
-    existing model's jobs stay as they were; verify and bench, which build every model, and
-    the new model's own jobs gain it."""
+    existing model's jobs stay as they were; bench, which builds every model, and the new
+    model's own jobs gain it."""
     src = source_copy(tmp_path)
     before = declaration.load(src.parent / declaration.DECLARATION)
     (src / "nmt" / "models" / "toy.py").write_text('"""A toy model."""\n\nimport torch.nn as nn\n'
@@ -150,7 +155,7 @@ def test_registering_a_model_changes_no_data_stage_and_no_existing_runs_code(tmp
     after = declaration.load(src.parent / declaration.DECLARATION)
     for name, stage in before.items():
         grew = set(after[name].code) - set(stage.code)
-        if name in ("verify", "bench"):
+        if name == "bench":
             assert grew == {"models/toy.py", "models/entries/toy.py"}, name
             continue
         assert not grew, name

@@ -294,7 +294,7 @@ def test_dvc_refuses_while_snakemake_runs(trained, params_edit):
     edit stops at its first stage, config, with one line; nothing of the run is deleted."""
     before = digests(trained, TRAINED)
     smk = start(["snakemake", "--cores", "1", "--forcerun", "verify", "--",
-                 "results/verify/published.json"], trained)
+                 "results/verify/published-baseline.json"], trained)
     markers = trained / orchestrators.MARKERS
     deadline = time.time() + 120
     while not list(markers.glob("nmt-running.*")) and time.time() < deadline:

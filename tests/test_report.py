@@ -133,9 +133,11 @@ def fake_tree(root: Path, mirror: Path, recipes, models, seeds, testsets) -> tup
         write_json(paths["vocab"] / recipe / "meta.json",
                    {"kind": "word", "min_freq": 1, "source_lang": "de", "target_lang": "en",
                     "src_size": 7853, "tgt_size": 5893})
-        write_json(paths["results"] / "verify" / f"{recipe}.json", {"passed": True, "checks": [
-            {"name": "logits (float64)", "passed": True, "max_abs_diff": 1e-12,
-             "tolerance": 1e-9, "seconds": 0.1}]})
+        for model in models:
+            write_json(paths["results"] / "verify" / f"{recipe}-{model}.json", {
+                "passed": True, "checks": [
+                    {"name": f"logits (float64, {model})", "passed": True,
+                     "max_abs_diff": 1e-12, "tolerance": 1e-9, "seconds": 0.1}]})
         for model, seed in itertools.product(models, seeds):
             fake_run(params, Run(recipe, model, seed), paths["results"], data)
     write_json(paths["results"] / "bench.json", {
@@ -363,27 +365,34 @@ def test_one_model_and_its_ablation(tmp_path, mirror):
 def test_verification_says_which_kind_of_check_ran(tmp_path, mirror):
     """A recipe with no twin (here as if with rotary positions) is reported as passed on its
     property checks, one with a twin as having run them; a verify file older than the two
-    kinds reads as before."""
+    kinds reads as before. Each model's record (results/verify/<recipe>-<model>.json) adds
+    its checks; the baseline's has none of its own, and one that failed fails the recipe."""
     params, paths = fake_tree(tmp_path, mirror, ["published", "tuned", "tuned_no_tying"],
-                              ["scratch"], [0], [T16])
+                              ["baseline", "scratch"], [0], [T16])
     check = {"name": "kv-cache decoding (scratch)", "passed": True, "max_abs_diff": 1e-7,
              "tolerance": 1e-5, "seconds": 0.1}
     reason = "the baseline (torch.nn.Transformer) has sinusoidal positions only"
-    write_json(paths["results"] / "verify" / "tuned.json", {
+    write_json(paths["results"] / "verify" / "tuned-scratch.json", {
         "passed": True, "twin": True, "twin_reason": "expressed", "checks": [
             {**check, "name": "logits (float64)", "kind": "twin"},
             {**check, "kind": "property"}]})
-    write_json(paths["results"] / "verify" / "tuned_no_tying.json", {
+    write_json(paths["results"] / "verify" / "tuned_no_tying-scratch.json", {
         "passed": True, "twin": False, "twin_reason": reason,
         "checks": [{**check, "kind": "property"}]})
+    for recipe in ("tuned", "tuned_no_tying"):
+        write_json(paths["results"] / "verify" / f"{recipe}-baseline.json", {
+            "passed": recipe == "tuned", "twin": None, "twin_reason": "baseline: no twin "
+            "check set", "checks": []})
     rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
                                paths["reports"]))
     text = re.sub(" +", " ", (paths["reports"] / "report.md").read_text("utf-8"))  # table pads
     old = text[text.index("### published: all checks passed"):text.index("### tuned:")]
-    assert "Twin checks" not in old and "| logits (float64) | True |" in old
+    assert "Twin checks" not in old and "| logits (float64, baseline) | True |" in old
+    assert "| logits (float64, scratch) | True |" in old
     tuned = text[text.index("### tuned: all checks passed"):text.index("### tuned_no_tying")]
     assert "Twin checks: ran." in tuned and "| logits (float64) | twin |" in tuned
-    no_twin = text[text.index("### tuned_no_tying: all checks passed"):text.index("## Sample")]
+    assert tuned.count("Twin checks") == 1  # the baseline's record has none to speak of
+    no_twin = text[text.index("### tuned_no_tying: FAILED"):text.index("## Sample")]
     assert f"Twin checks: none ({reason}); passed or failed on its property checks" in no_twin
     assert "| kv-cache decoding (scratch) | property |" in no_twin
 

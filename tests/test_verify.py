@@ -63,6 +63,28 @@ def test_unbroken_model_passes_everything(batches, capsys):
     assert "twin checks: ran" in out and " property " in out
 
 
+def test_one_record_a_model_holds_that_models_checks(batches):
+    """nmt verify's jobs, one a model: scratch's record holds the twin checks and its
+    properties, the decoder-only model's its own, the baseline's none (the reference, which
+    the twin checks hold scratch to); together, in the registry's order, every check of all
+    models checked at once, with the same outcomes."""
+    whole, _ = run(batches)
+    records = {model: verify.run_checks(CFG, SRC_V, TGT_V, PAD, batches,
+                                        trajectory_cfg=TRAJECTORY, models=(model,))
+               for model in ("baseline", "scratch", "decoder_only")}
+    assert [(c["name"], c["passed"]) for r in records.values() for c in r["checks"]] == \
+        [(c["name"], c["passed"]) for c in whole["checks"]]
+    assert records["baseline"]["checks"] == [] and records["baseline"]["passed"]
+    assert records["scratch"]["twin"] and records["scratch"]["trajectory"]
+    assert {c["kind"] for c in records["scratch"]["checks"]} == {"twin", "property"}
+    assert records["decoder_only"]["twin"] is None and records["baseline"]["twin"] is None
+    assert all(c["name"].startswith("decoder_only: ") for c in records["decoder_only"]["checks"])
+    assert [r["models"] for r in records.values()] == [["baseline"], ["scratch"],
+                                                       ["decoder_only"]]
+    assert "decoder_only" in records["decoder_only"]["config"]
+    assert "decoder_only" not in records["scratch"]["config"]
+
+
 def test_both_layer_norm_placements_are_checked(batches, monkeypatch):
     """The recipe's norm_first and the other one: a bug only in pre-norm fails only those."""
     _, passed = run(batches)
@@ -371,7 +393,8 @@ def test_the_stage_writes_a_failed_shape_check_as_null(prepared, tmp_path, monke
                              dim_feedforward=32, decoder_only_layers=1)
     heads_averaged(monkeypatch)
     out = tmp_path / "verify.json"
-    assert not verify.verify(settings, verify.Paths(prepared["tokenized"], prepared["word"], out))
+    assert not verify.verify(settings, verify.Paths(prepared["tokenized"], prepared["word"], out),
+                             "scratch")
     written = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
     assert written["output shapes"]["max_abs_diff"] == 3.0  # one mismatch a kind of attention
     assert written["attention weights" + F32]["max_abs_diff"] is None
@@ -390,7 +413,8 @@ def test_the_stage_passes_a_rotary_recipe_on_its_properties(prepared, tmp_path, 
     settings["model"].update(num_encoder_layers=1, num_decoder_layers=1, d_model=16, nhead=2,
                              dim_feedforward=32, positions="rotary")
     out = tmp_path / "verify.json"
-    assert verify.verify(settings, verify.Paths(prepared["tokenized"], prepared["word"], out))
+    assert verify.verify(settings, verify.Paths(prepared["tokenized"], prepared["word"], out),
+                         "scratch")
     written = json.loads(out.read_text())
     assert written["passed"] and not written["twin"] and written["twin_reason"]
     assert {c["kind"] for c in written["checks"]} == {"property"}

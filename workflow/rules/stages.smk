@@ -249,7 +249,7 @@ rule verify:
     input:
         "data/tokenized",
         "data/vocab/{recipe}",
-        code=[
+        code=lambda wildcards: [
             *SHARED_CODE,
             *package("src/nmt/stages/verify"),
             "src/nmt/core/__init__.py",
@@ -264,49 +264,35 @@ rule verify:
             "src/nmt/models/beams.py",
             "src/nmt/models/config.py",
             "src/nmt/models/decoder_only/__init__.py",
-            "src/nmt/models/decoder_only/attention.py",
-            "src/nmt/models/decoder_only/block.py",
-            "src/nmt/models/decoder_only/embedding.py",
-            "src/nmt/models/decoder_only/feed_forward.py",
             "src/nmt/models/decoder_only/layer_norm.py",
-            "src/nmt/models/decoder_only/model.py",
             "src/nmt/models/decoder_only/size.py",
             "src/nmt/models/entries/__init__.py",
             "src/nmt/models/entries/baseline.py",
-            "src/nmt/models/entries/decoder_only.py",
-            "src/nmt/models/entries/scratch.py",
             "src/nmt/models/mapping.py",
             "src/nmt/models/masks.py",
             "src/nmt/models/registry.py",
-            "src/nmt/models/scratch/__init__.py",
-            "src/nmt/models/scratch/attention.py",
-            "src/nmt/models/scratch/decoder.py",
-            "src/nmt/models/scratch/dropout.py",
-            "src/nmt/models/scratch/embedding.py",
-            "src/nmt/models/scratch/encoder.py",
-            "src/nmt/models/scratch/feed_forward.py",
-            "src/nmt/models/scratch/rotary.py",
-            "src/nmt/models/scratch/transformer.py",
             "src/nmt/stages/__init__.py",
+            *MODEL_CODE[wildcards.model],
         ],
     output:
-        "results/verify/{recipe}.json",
+        "results/verify/{recipe}-{model}.json",
     params:
         values=declared(recipe_params=["model"]),
     threads: 8
     log:
-        "logs/verify-{recipe}.log",
+        "logs/verify-{recipe}-{model}.log",
     conda:
         "../envs/nmt.yaml"
     shell:
-        "nmt verify --recipe {wildcards.recipe} --tokenized data/tokenized"
-        " --vocab data/vocab/{wildcards.recipe} --out results/verify/{wildcards.recipe}.json"
-        " --threads {threads} 2> {log}"
+        "nmt verify --recipe {wildcards.recipe} --model {wildcards.model}"
+        " --tokenized data/tokenized --vocab data/vocab/{wildcards.recipe}"
+        " --out results/verify/{wildcards.recipe}-{wildcards.model}.json --threads {threads}"
+        " 2> {log}"
 
 
 rule train:
     input:
-        "results/verify/{recipe}.json",
+        "results/verify/{recipe}-{model}.json",
         "data/tokenized",
         "data/vocab/{recipe}",
         code=lambda wildcards: [
@@ -558,7 +544,7 @@ rule bench:
 
 rule report:
     input:
-        expand("results/verify/{recipe}.json", recipe=RECIPES),
+        expand("results/verify/{recipe}-{model}.json", recipe=RECIPES, model=MODELS),
         expand("results/{recipe}-{model}-s{seed}/best.pt",
                recipe=RECIPES, model=MODELS, seed=SEEDS),
         expand("results/{recipe}-{model}-s{seed}/last.pt",

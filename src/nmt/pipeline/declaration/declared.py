@@ -61,6 +61,9 @@ class Stage:
     # What the pipeline is for: Snakemake's `rule all` asks for its outputs (every job's); the
     # other stages run because a target needs them (DVC runs every stage anyway).
     target: bool = False
+    # per model: models whose code every job runs besides its own (verify: the reference,
+    # which scratch's twin checks build), part of `code`
+    with_models: list = field(default_factory=list)
     shared_code: list = field(default_factory=list)  # the part every stage computes from
     # per model: what a job of each model runs beyond `code` (its model's modules; derived)
     model_code: dict = field(default_factory=dict)
@@ -121,7 +124,11 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
             raise ValueError(f"{path}: stage {name}: code is derived from its module's "
                              "imports; remove it")
         per_model = "model" in s.get("per", [])
-        own = [c for c in stage_code(name, src, models=() if per_model else None)
+        if s.get("with_models") and not per_model:
+            raise ValueError(f"{path}: stage {name}: with_models, but it does not run per "
+                             "model (it runs every model's code already)")
+        own = [c for c in stage_code(name, src, models=tuple(s.get("with_models", []))
+                                     if per_model else None)
                if c not in shared]
         models = {m: [c for c in model_code(m, src) if c not in shared + own]
                   for m in registered(src)} if per_model else {}

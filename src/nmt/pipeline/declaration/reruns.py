@@ -4,7 +4,7 @@ what DVC and Snakemake are given (tests/test_contract.py edits one module of eve
 in a completed tiny pipeline and compares both tools' plans with it).
 
 Modules are grouped by the stages whose code holds them; a row names each job set as the
-stage runs it (`train` of every run, `verify` of every recipe), since the table holds for any
+stage runs it (`train` of every run, `vocab` of every recipe), since the table holds for any
 params.yaml.
 """
 
@@ -60,13 +60,16 @@ def rerun_table(path: Path = DECLARATION) -> str:
 
 
 def jobs(stage: Stage, models: tuple[str, ...] | None = None) -> str:
-    """A stage's jobs as a row names them: bench; verify (every recipe); train (every run);
-    train (the runs of scratch)."""
+    """A stage's jobs as a row names them: bench; vocab (every recipe); train (every run);
+    train (the runs of scratch); verify (every recipe/model); verify (the jobs of
+    scratch)."""
     if models is not None:
+        if "seed" not in stage.per:
+            return f"{stage.name} (the jobs of {', '.join(models)})"
         return f"{stage.name} (the runs of {', '.join(models)})"
     if not stage.per:
         return stage.name
-    if "model" not in stage.per:
+    if "model" not in stage.per or "seed" not in stage.per:
         return f"{stage.name} (every {'/'.join(stage.per)})"
     if stage.models_from != DEFAULT_MODELS:
         return f"{stage.name} (the runs of {stage.models_from})"

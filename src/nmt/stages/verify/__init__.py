@@ -1,5 +1,6 @@
-"""Stage verify: two kinds of check at one recipe's size on real batches, for the models whose
-registry entries name check sets (nmt.models.registry). Twin checks: the scratch Transformer
+"""Stage verify: two kinds of check at one recipe's size on real batches, for one model whose
+registry entry names check sets (nmt.models.registry); one job a model, which its trainings
+wait for. Twin checks: the scratch Transformer
 against torch.nn.Transformer, where the baseline can express the configuration. Property
 checks: what every model must do (cached decoding = forward, fused = math, padding, causality,
 gradients, the registry's parameter-count formula), for scratch and decoder_only, always; a
@@ -15,9 +16,9 @@ configuration without a twin passes on its properties alone.
 - suite.py: run_checks, both kinds on one configuration, each model's check sets looked up by
   the names its registry entry gives (model_checks: one model's property checks).
 
-verify() writes run_checks's result, {"passed", "checks": [{"name", "kind", "passed",
-"max_abs_diff", "tolerance", "seconds"}], "twin", "twin_reason", "skipped", "config",
-"trajectory"}, to results/verify/<recipe>.json.
+verify() writes run_checks's result for the model, {"passed", "checks": [{"name", "kind",
+"passed", "max_abs_diff", "tolerance", "seconds"}], "models", "twin", "twin_reason",
+"skipped", "config", "trajectory"}, to results/verify/<recipe>-<model>.json.
 """
 
 import argparse
@@ -50,7 +51,7 @@ class Paths:
 
     tokenized: Path  # data/tokenized
     vocab: Path  # the recipe's vocabulary folder, data/vocab/<recipe>
-    out: Path  # results/verify/<recipe>.json
+    out: Path  # results/verify/<recipe>-<model>.json
 
 
 def real_batches(tokenized: Path, src_codec, tgt_codec, max_len: int) -> list:
@@ -75,15 +76,16 @@ def real_batches(tokenized: Path, src_codec, tgt_codec, max_len: int) -> list:
     return batches
 
 
-def verify(settings: dict, paths: Paths) -> bool:
-    """Run the checklist at the size of settings (a resolved recipe); write the JSON."""
+def verify(settings: dict, paths: Paths, model: str) -> bool:
+    """Run model's checklist at the size of settings (a resolved recipe); write the JSON."""
     src_codec, tgt_codec = load_codecs(paths.vocab)
     cfg = ModelConfig.from_dict(settings["model"])
     train_batches = real_batches(paths.tokenized, src_codec, tgt_codec, cfg.max_len)
-    log.info("checking %s at d_model %d, %d+%d layers, vocab %d/%d on %d real batches",
-             paths.vocab.name, cfg.d_model, cfg.num_encoder_layers, cfg.num_decoder_layers,
-             len(src_codec), len(tgt_codec), len(train_batches))
-    result = run_checks(cfg, len(src_codec), len(tgt_codec), PAD_ID, train_batches)
+    log.info("checking %s at %s's size: d_model %d, %d+%d layers, vocab %d/%d on %d real "
+             "batches", model, paths.vocab.name, cfg.d_model, cfg.num_encoder_layers,
+             cfg.num_decoder_layers, len(src_codec), len(tgt_codec), len(train_batches))
+    result = run_checks(cfg, len(src_codec), len(tgt_codec), PAD_ID, train_batches,
+                        models=(model,))
     print_checklist(result)
     for c in result["checks"]:  # strict JSON: a shape mismatch measures inf, written null
         if not math.isfinite(c["max_abs_diff"]):
@@ -91,28 +93,32 @@ def verify(settings: dict, paths: Paths) -> bool:
     write_json(paths.out, result)
     log.info("wrote %s (%s; %s)", paths.out,
              "all checks passed" if result["passed"] else "FAILED",
-             "twin and property checks" if result["twin"] else "property checks only, no twin")
+             "twin and property checks" if result["twin"] else
+             "property checks only, no twin" if result["checks"] else "no checks of its own")
     return result["passed"]
 
 
 # ---- `nmt verify`: nmt.cli builds the subcommand from HELP, arguments and command ----------------
 
-HELP = ("Read data/tokenized and data/vocab/<recipe>, check at the recipe's size that every "
-        "model has the properties the pipeline relies on and, where torch.nn.Transformer can "
-        "express the configuration, that the scratch model computes what it computes; write "
-        "results/verify/<recipe>.json; exit 1 if a check fails.")
+HELP = ("Read data/tokenized and data/vocab/<recipe>, check at the recipe's size that the "
+        "model has the properties the pipeline relies on and, for scratch where "
+        "torch.nn.Transformer can express the configuration, that it computes what the "
+        "reference computes; write results/verify/<recipe>-<model>.json; exit 1 if a check "
+        "fails.")
 MEMORY_FIX = "a smaller model"  # what to make smaller when it runs out of memory
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     for group in (commandline.recipe, commandline.data, commandline.threads):
         group(parser)
+    parser.add_argument("--model", required=True, choices=commandline.names())
     parser.add_argument("--out", type=Path, default=None,
-                        help="default: results/verify/<recipe>.json")
+                        help="default: results/verify/<recipe>-<model>.json")
 
 
 def command(args, params: dict) -> int:
     paths = Paths(tokenized=args.tokenized, vocab=commandline.recipe_vocab(args),
-                  out=args.out or commandline.RESULTS / "verify" / f"{args.recipe}.json")
-    passed = verify(resolve(params, args.recipe), paths)
+                  out=args.out or commandline.RESULTS / "verify" /
+                  f"{args.recipe}-{args.model}.json")
+    passed = verify(resolve(params, args.recipe), paths, args.model)
     return 0 if passed else 1  # a failed check stops the pipeline before training

@@ -50,8 +50,8 @@ class Checklist:
 
 
 def format_table(result: dict) -> str:
-    """The checks of {"checks", "passed"} (and "twin", "twin_reason" when run_checks made it)
-    as an aligned text table, saying which kind of check ran."""
+    """The checks of {"checks", "passed"} (and "twin", "twin_reason" when run_checks made it
+    for a model with twin checks) as an aligned text table, saying which kind of check ran."""
     rows = [("check", "kind", "passed", "max_abs_diff", "tolerance", "seconds")]
     rows += [(c["name"], c.get("kind", ""), "yes" if c["passed"] else "NO",
               f"{c['max_abs_diff']:.3g}", f"{c['tolerance']:.0e}", f"{c['seconds']:.2f}")
@@ -61,7 +61,7 @@ def format_table(result: dict) -> str:
                        enumerate(zip(r, widths, strict=True))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     lines += [f"{c['name']}: {c['error']}" for c in result["checks"] if c.get("error")]
-    if "twin" in result:
+    if result.get("twin") is not None:  # run_checks made it, for a model with twin checks
         lines.append(f"twin checks: {'ran' if result['twin'] else 'none'} "
                      f"({result['twin_reason']})")
     lines += [f"{name} not checked: {why}" for name, why in result.get("skipped", {}).items()]

@@ -12,7 +12,11 @@ src_vocab_size, tgt_vocab_size, pad_id, batches, seed)` and, where the result's 
 records the model's sizes, `sizes(cfg, src_vocab_size, tgt_vocab_size)`.
 
 The result: {"passed", "checks": [{"name", "kind", "passed", "max_abs_diff", "tolerance",
-"seconds"}], "twin": bool, "twin_reason", "skipped": {model: why}, "config", "trajectory"}.
+"seconds"}], "models": the models checked, "twin": whether the twin checks ran (None: no
+model checked has them), "twin_reason",
+"skipped": {model: why}, "config", "trajectory"}. nmt verify checks one model a job (its
+record: results/verify/<recipe>-<model>.json), so that an edit of one model's code re-runs
+its own checks and trainings only.
 """
 
 import dataclasses
@@ -58,19 +62,20 @@ def refusal(name: str, cfg: ModelConfig, vocab: tuple, pad_id: int) -> str | Non
     return None
 
 
-def model_sizes(cfg: ModelConfig, vocab: tuple) -> dict:
-    """{model: its sizes} for each model whose check sets record them (decoder_only: layers)."""
+def model_sizes(cfg: ModelConfig, vocab: tuple, models: list[str]) -> dict:
+    """{model: its sizes} for each of `models` whose check sets record them (decoder_only:
+    layers)."""
     return {name: check_set(check_name).sizes(cfg, *vocab)
-            for name, model in MODELS.items() for check_name in model.checks
+            for name in models for check_name in MODELS[name].checks
             if hasattr(check_set(check_name), "sizes")}
 
 
-def run_config(cfg, tcfg, vocab, pad_id, seed, unpadded, padded) -> dict:
+def run_config(cfg, tcfg, vocab, pad_id, seed, unpadded, padded, models) -> dict:
     """The result's "config": sizes, seeds and batches the checks ran with."""
     return {"model": dataclasses.asdict(cfg), "trajectory_model": dataclasses.asdict(tcfg),
             "src_vocab_size": vocab[0], "tgt_vocab_size": vocab[1],
             "pad_id": pad_id, "seed": seed, "trajectory_steps": TRAJECTORY_STEPS,
-            "trajectory_adam": TRAJECTORY_ADAM, **model_sizes(cfg, vocab),
+            "trajectory_adam": TRAJECTORY_ADAM, **model_sizes(cfg, vocab, models),
             "check_batches": {"unpadded": list(unpadded[0].shape) + [unpadded[1].size(1)],
                               "padded": list(padded[0].shape) + [padded[1].size(1)]},
             "torch": torch.__version__}
@@ -78,9 +83,11 @@ def run_config(cfg, tcfg, vocab, pad_id, seed, unpadded, padded) -> dict:
 
 def run_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int,
                train_batches: list, trajectory_cfg: ModelConfig | None = None,
-               seed: int = 0) -> dict:
-    """Run both kinds of check on CPU, model by model in the registry's order; see the module
-    docstring for the result's layout."""
+               seed: int = 0, models: tuple[str, ...] | None = None) -> dict:
+    """Run both kinds of check on CPU for `models` (None: every registered one), model by
+    model in the registry's order; see the module docstring for the result's layout. A
+    model without check sets (the reference, which scratch's twin checks hold to) passes on
+    none."""
     if len(train_batches) < TRAJECTORY_STEPS:
         raise ValueError(f"run_checks needs at least {TRAJECTORY_STEPS} training batches for "
                          f"the trajectory check, got {len(train_batches)}")
@@ -89,20 +96,24 @@ def run_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_i
     train_batches = [(s.cpu(), t.cpu()) for s, t in train_batches]
     unpadded, padded = check_batches(train_batches, pad_id)
     started, checks, curves, skipped = time.perf_counter(), [], {}, {}
-    no_twin = refusal(REFERENCE, cfg, vocab, pad_id)
-    for name, model in MODELS.items():
-        if not model.checks:
+    checked = [name for name in MODELS if models is None or name in models]
+    twinned = [name for name in checked if TWIN_CHECKS in MODELS[name].checks]
+    no_twin = (refusal(REFERENCE, cfg, vocab, pad_id) if twinned
+               else f"{', '.join(checked)}: no twin check set")
+    for name in checked:
+        if not MODELS[name].checks:
             continue
         if (why := refusal(name, cfg, vocab, pad_id)) is not None:
             skipped[name] = why
             continue
-        if TWIN_CHECKS in model.checks and no_twin is None:
+        if name in twinned and no_twin is None:
             twins, curves = twin_checks(cfg, vocab, pad_id, train_batches, tcfg, seed,
                                         unpadded, padded)
             checks += twins
         checks += model_checks(name, cfg, *vocab, pad_id, train_batches, seed)
-    config = run_config(cfg, tcfg, vocab, pad_id, seed, unpadded, padded)
+    config = run_config(cfg, tcfg, vocab, pad_id, seed, unpadded, padded, checked)
     config["seconds"] = round(time.perf_counter() - started, 2)
-    return {"passed": all(c["passed"] for c in checks), "checks": checks,
-            "twin": no_twin is None, "twin_reason": TWIN if no_twin is None else no_twin,
+    return {"passed": all(c["passed"] for c in checks), "checks": checks, "models": checked,
+            "twin": (no_twin is None) if twinned else None,
+            "twin_reason": TWIN if no_twin is None else no_twin,
             "skipped": skipped, "config": config, "trajectory": curves}
