@@ -32,7 +32,8 @@ SMALL = ModelConfig(num_encoder_layers=2, num_decoder_layers=3, d_model=32, nhea
 pytestmark = pytest.mark.usefixtures("one_thread")
 SRC_V, TGT_V, PAD = 50, 40, 1
 MODEL_NAMES = registry.names()
-ENCODER_DECODERS = registry.encoder_decoders()
+ENCODER_DECODERS = [n for n in MODELS if MODELS[n].encoder_decoder]
+TAKES_REFERENCE = [n for n in MODELS if MODELS[n].takes_reference_weights]
 TWINS = ("baseline", "scratch")  # the pair models.mapping relates: one function, two codes
 
 
@@ -111,17 +112,21 @@ def test_the_registry_says_what_each_model_is(name):
                 build_model(name, dataclasses.replace(SMALL, positions=positions), SRC_V, TGT_V)
 
 
-def test_the_reference_comes_first_among_the_encoder_decoders():
-    models = registry.encoder_decoders()  # each once (ENCODER_DECODERS is the import's answer)
-    assert models[0] == registry.REFERENCE == "baseline" and len(set(models)) == len(models)
-    assert set(models) == {n for n in MODEL_NAMES if MODELS[n].encoder_decoder}
-    assert set(registry.exportable()) <= set(models)
+def test_models_come_in_the_registrys_order_the_reference_first():
+    """What bench times: pipeline.models in the registry's order, whatever order it lists."""
+    assert registry.in_order(reversed(MODEL_NAMES)) == tuple(MODEL_NAMES)
+    assert MODEL_NAMES[0] == registry.REFERENCE == "baseline"
+    assert registry.in_order(["decoder_only", "scratch"]) == ("scratch", "decoder_only")
+    with pytest.raises(ValueError, match="unknown model 'gru'"):
+        registry.in_order(["gru"])
+    assert set(registry.exportable()) <= {n for n in MODEL_NAMES if MODELS[n].encoder_decoder}
 
 
-@pytest.mark.parametrize("name", ENCODER_DECODERS)
+@pytest.mark.parametrize("name", TAKES_REFERENCE)
 def test_the_registry_gives_each_encoder_decoders_weights_scratchs_names(name):
     """What bench and the export load: a model's state dict under scratch's names, with which
-    a scratch model computes the same logits."""
+    a scratch model computes the same logits (bench loads the reference's weights, so
+    renamed, into each other model that takes them)."""
     model = model_named(name)
     scratch = build_model("scratch", SMALL, SRC_V, TGT_V, PAD).double().eval()
     scratch.load_state_dict(registry.entry(name).scratch_state_dict(model.state_dict()))

@@ -526,7 +526,8 @@ rule bench:
     output:
         "results/bench.json",
     params:
-        values=declared(params=["bench"], bench_params=["model", "train", "evaluate"]),
+        values=declared(params=["bench", "pipeline.models"],
+                        bench_params=["model", "train", "evaluate"]),
         bench=BENCH,
     threads: 8
     resources:

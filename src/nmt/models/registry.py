@@ -1,12 +1,13 @@
 """The registry: every model the pipeline can train, one entry each, readable without torch.
 
 An entry says what the rest of the pipeline asks of a model without building it: its class,
-whether it is an encoder-decoder (bench times those against the reference), whether its class
-takes the <bos> id, whether nmt export can convert it to CTranslate2, the closed-form parameter
-count verify holds it to, and the names of the check sets nmt verify runs for it (modules of
-nmt.stages.verify, looked up there: this package imports nothing of the pipeline). Classes and
-functions are named as "module:attribute" strings and imported only when asked for, so the
-command line, params validation and the schema test read this module in milliseconds.
+whether it is an encoder-decoder, whether it takes the reference's weights (bench times it on
+them; others on their own), whether its class takes the <bos> id, whether nmt export can
+convert it to CTranslate2, the closed-form parameter count verify holds it to, and the names of
+the check sets nmt verify runs for it (modules of nmt.stages.verify, looked up there: this
+package imports nothing of the pipeline). Classes and functions are named as "module:attribute"
+strings and imported only when asked for, so the command line, params validation and the schema
+test read this module in milliseconds.
 
 The entries are modules of nmt.models.entries, one a model (its ENTRY), found when this
 module is imported: a new model is its module(s) of nmt.models and one entry module
@@ -48,6 +49,11 @@ class ModelEntry:
     # "module:function" turning its state dict into the scratch model's names (export, bench);
     # None where the state dict already has them, or the model has no such layout
     to_scratch: str | None = None
+    # It takes the reference's weights (the reference's state dict under the scratch model's
+    # names): bench times it on them, the same function, beside the reference. Not what
+    # encoder_decoder says: an encoder-decoder of another family (a GRU) has none to take,
+    # and bench times it on its own seeded weights.
+    takes_reference_weights: bool = False
 
     def model_class(self) -> type:
         return load(self.model)
@@ -85,11 +91,14 @@ def names() -> tuple[str, ...]:
     return tuple(MODELS)
 
 
-def encoder_decoders() -> tuple[str, ...]:
-    """The encoder-decoders, the reference first: the models bench times on shared weights."""
-    others = [name for name, entry in MODELS.items()
-              if entry.encoder_decoder and name != REFERENCE]
-    return (REFERENCE, *others)
+def in_order(models) -> tuple[str, ...]:
+    """The names of `models` (pipeline.models, say) in the registry's order, the reference
+    first: the order bench times them in, each against the first."""
+    models = list(models)
+    unknown = [name for name in models if name not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown model {unknown[0]!r}; choose one of {', '.join(MODELS)}")
+    return tuple(name for name in MODELS if name in models)
 
 
 def exportable() -> tuple[str, ...]:

@@ -6,4 +6,4 @@ ENTRY = ModelEntry(
     "baseline", order=0, model="nmt.models.baseline:BaselineTransformer", encoder_decoder=True,
     reads_bos=False, exports=True,
     param_count="nmt.models.decoder_only.size:encoder_decoder_param_count", checks=(),
-    to_scratch="nmt.models.mapping:baseline_to_scratch")
+    to_scratch="nmt.models.mapping:baseline_to_scratch", takes_reference_weights=True)

@@ -6,4 +6,5 @@ ENTRY = ModelEntry(
     "scratch", order=1, model="nmt.models.scratch.transformer:ScratchTransformer",
     encoder_decoder=True, reads_bos=False, exports=True,
     param_count="nmt.models.decoder_only.size:encoder_decoder_param_count",
-    checks=(TWIN_CHECKS, PROPERTY_CHECKS), positions=("sinusoidal", "rotary"))
+    checks=(TWIN_CHECKS, PROPERTY_CHECKS), positions=("sinusoidal", "rotary"),
+    takes_reference_weights=True)

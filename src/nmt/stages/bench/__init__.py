@@ -1,11 +1,14 @@
-"""`nmt bench`: training and decoding speed of the encoder-decoders on the same real data, one
-process.
+"""`nmt bench`: training and decoding speed of the models of pipeline.models on the same real
+data, one process.
 
-Every encoder-decoder of the registry (nmt.models.registry: baseline, the reference, first;
-then scratch) holds the same weights (the reference's, under the scratch model's names), so
-they do the same work. Training: the same batches through every model, each an update nmt
-train makes (one function builds them all: nmt.training.step.updater, with the recipe's label
-smoothing, clipping, Adam and lr schedule), in target tokens per second.
+The models are timed in the registry's order (nmt.models.registry: baseline, the reference,
+first), each against the first. Those that take the reference's weights (scratch:
+`takes_reference_weights`) hold them, under the scratch model's names, so they do the same work
+as the reference; any other (the decoder-only model) its own, seeded. Decoding starts from
+untrained weights, so every sentence runs to its length limit whatever the model. Training: the
+same batches through every model, each an update nmt train makes (one function builds them all:
+nmt.training.step.updater, with the recipe's label smoothing, clipping, Adam and lr schedule),
+in target tokens per second.
 Decoding: the same test sentences, greedy and beam search, in sentences per second. The
 models take turns step by step (timing.py: a training update, a decoding batch, the same work
 through each model, the order rotated each step), after an untimed warm-up pass; each model's
@@ -30,7 +33,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
@@ -103,11 +106,14 @@ class SpeedPlan:
     repeats: int  # the median of this many repeats is reported
     sentences: int  # test sentences decoded
     device: str = "auto"
+    # what to time: pipeline.models (timed in the registry's order); default every model
+    models: tuple[str, ...] = field(default_factory=registry.names)
 
 
 def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
-    """Stage bench: training and decoding speed of the encoder-decoders on the same weights
-    and data; prints a table, writes paths.json. settings: the resolved bench recipe."""
+    """Stage bench: training and decoding speed of plan.models on the same data (and the
+    reference's weights where they take them); prints a table, writes paths.json. settings:
+    the resolved bench recipe."""
     device = pick_device(plan.device)
     bound_gpu_memory(device)
     kernels = limit_attention_kernels()
@@ -122,7 +128,7 @@ def bench(settings: dict, paths: Paths, plan: SpeedPlan) -> dict:
     testset = settings["evaluate"]["testsets"][0]
     log.info("bench on %s: %d training batches and %d sentences, %d timed repeats each",
              device, len(timed), len(test), plan.repeats)
-    models = shared_weight_models(cfg, len(src_codec), len(tgt_codec), device)
+    models = bench_models(plan.models, cfg, len(src_codec), len(tgt_codec), device)
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "recipe": plan.recipe, "testset": testset, "steps": len(timed),
            "sentences": len(test), "padding": padding, "pad_multiple": pad_multiple,
@@ -196,20 +202,22 @@ def padding_share(batches: list) -> dict:
     return shares
 
 
-def shared_weight_models(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
-                         device) -> dict:
-    """The registry's encoder-decoders, the reference first, holding one set of weights (the
-    reference's, under the scratch model's names, which the others take): the same function,
-    so the same decoded lengths and the same training trajectory, and the timings compare
-    equal work."""
-    seed_everything(0)
-    reference, *names = registry.encoder_decoders()
-    models = {reference: build_model(reference, cfg, src_vocab_size, tgt_vocab_size)}
-    for name in names:
+def bench_models(names: tuple[str, ...], cfg: ModelConfig, src_vocab_size: int,
+                 tgt_vocab_size: int, device) -> dict:
+    """The models `names` (pipeline.models), in the registry's order, each built after
+    seeding; those that take the reference's weights hold the reference's (under the scratch
+    model's names) where the reference is among them: the same function, so the same
+    training trajectory, and the timings compare equal work."""
+    models = {}
+    for name in registry.in_order(names):
+        seed_everything(0)
         models[name] = build_model(name, cfg, src_vocab_size, tgt_vocab_size)
-    weights = registry.entry(reference).scratch_state_dict(models[reference].state_dict())
-    for name in names:
-        models[name].load_state_dict(weights)
+    reference = registry.REFERENCE
+    if reference in models:
+        weights = registry.entry(reference).scratch_state_dict(models[reference].state_dict())
+        for name in models:
+            if name != reference and registry.entry(name).takes_reference_weights:
+                models[name].load_state_dict(weights)
     return {name: m.to(device).eval() for name, m in models.items()}
 
 
@@ -225,6 +233,8 @@ def ratios(models: list[str], spreads: dict) -> tuple[dict, dict]:
     kinds = ("train", "greedy", "beam")
     medians = {kind: {ratio_name(models, name): spreads[kind][name].pop("median")
                       for name in models[1:]} for kind in kinds}
+    if len(models) < 2:  # one model: nothing to compare
+        return medians, {}
     spread = {kind: spreads[kind][models[1]] for kind in kinds}
     spread |= {ratio_name(models, name): {kind: spreads[kind][name] for kind in kinds}
                for name in models[2:]}
@@ -267,9 +277,9 @@ def training_speed(updates: dict[str, Updater], timed: list, repeats: int, devic
 
 # ---- `nmt bench`: nmt.cli builds the subcommand from HELP, arguments and command -----------------
 
-HELP = ("Train the encoder-decoders (the reference, torch.nn.Transformer, and each other) for a "
-        "fixed number of steps on the same real batches, then decode the same sentences "
-        "greedily and with beam search; print a speed table.")
+HELP = ("Train the models of pipeline.models (the reference, torch.nn.Transformer, first, and "
+        "each other against it) for a fixed number of steps on the same real batches, then "
+        "decode the same sentences greedily and with beam search; print a speed table.")
 MEMORY_FIX = "a smaller bench.sentences, or the recipe's smaller batches"
 
 
@@ -310,7 +320,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args, params: dict) -> None:
     recipe = args.recipe or params["bench"]["recipe"]
-    plan = SpeedPlan(recipe=recipe, device=args.device, **{
+    plan = SpeedPlan(recipe=recipe, models=tuple(params["pipeline"]["models"]),
+                     device=args.device, **{
         k: params["bench"][k] if getattr(args, k) is None else getattr(args, k)
         for k in ("steps", "repeats", "sentences")})
     bench(resolve(params, recipe), Paths(

@@ -34,15 +34,15 @@ def print_speeds(out: dict) -> None:
     others = models[1:]
     print(f"\nnmt bench: {out['device']}, recipe {out['recipe']}, {out['steps']} training steps, "
           f"{out['sentences']} sentences decoded in {out['decode_precision']}")
+    pairs = (f"   (median of {spread_of(out, models, others[0], 'train')['pairs']} update "
+             "pairs; decoding: of batch pairs)" if others else "")
     print(f"{'':26}" + "".join(f"{m:>{width(m)}}" for m in models)
-          + "".join(f"{m + '/' + models[0]:>{RATIO_WIDTH}}" for m in others)
-          + f"   (median of {spread_of(out, models, others[0], 'train')['pairs']} update pairs; "
-          "decoding: of batch pairs)")
+          + "".join(f"{m + '/' + models[0]:>{RATIO_WIDTH}}" for m in others) + pairs)
     for key, label in KINDS:
         v = out[key]
         print(f"{label:26}" + "".join(f"{v[m]:>{width(m)},.1f}" for m in models)
               + "".join(f"{v[ratio_name(models, m)]:>{RATIO_WIDTH}.2f}" for m in others)
-              + "   quartiles " + "; ".join(
+              + ("   quartiles " if others else "") + "; ".join(
                   ("" if len(others) == 1 else f"{m} ")
                   + quartiles(spread_of(out, models, m, key), out["ratio_max_spread"])
                   for m in others))

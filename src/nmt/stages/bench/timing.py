@@ -58,9 +58,9 @@ def interleaved(steps: dict[str, list], repeats: int, device,
     of each model, the order rotated each step (two models: swapped), so that load which comes
     and goes hits the steps of one round alike. Each step is timed on its own (`clock`: the
     tests plant one), on CUDA between synchronizations (a step's launch cannot overlap the
-    step before); an untimed warm-up pass over all steps comes first."""
+    step before); an untimed warm-up pass over all steps comes first. One model alone: its
+    times, and no ratio."""
     names = list(steps)
-    assert len(names) >= 2, "interleaved times models against each other"
     first, count = names[0], len(steps[names[0]])
     for name in names:  # an untimed warm-up pass: allocator, kernel selection
         for step in steps[name]:

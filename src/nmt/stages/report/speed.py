@@ -69,8 +69,11 @@ def bench_lines(inp: Inputs) -> list[str]:
     units = {"train": "train tokens/s", "greedy": "greedy sentences/s",
              "beam": "beam sentences/s"}
     spreads = bench.get("ratio_spread", {})  # benches before issue 58 did not measure it
+    # "ratio" is the second model's over the first (bench.json's name, table.py); a bench.json
+    # from before MFU timed baseline and scratch
+    timed = list(bench.get("train_gflops", ["baseline", "scratch"]))
     rows = [{"what": label, **{m: v for m, v in bench[k].items() if m != "ratio"},
-             **({"scratch/baseline": bench[k]["ratio"]} if "ratio" in bench[k] else {}),
+             **({f"{timed[1]}/{timed[0]}": bench[k]["ratio"]} if "ratio" in bench[k] else {}),
              **({"ratio quartiles": spread_cell(spreads[k])} if k in spreads else {})}
             for k, label in units.items()]
     lines = [f"### Speed benchmark (`nmt bench`, {bench['device']}, recipe {bench['recipe']})",
