@@ -67,3 +67,33 @@ def test_the_readmes_verdict_follows_the_reports_statistics(tmp_path):
     assert check(tmp_path).stdout.splitlines() == [
         "README.md: figures answer reports/demo: differs from its source (fix: python "
         "tools/doc_figures.py --write)"]
+
+
+def test_a_verify_block_reads_a_recipes_records_one_a_model(tmp_path):
+    """verify writes a record a model now: the committed record of every model, split as the
+    jobs write it (the baseline's empty, scratch's twin and own checks, the decoder-only
+    model's), renders the same block from the records joined by commas."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("doc_figures", SCRIPT)
+    doc_figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc_figures)
+    source = "reports/gpu-second-run/verify-published.json"
+    whole = json.loads((REPO / source).read_text())
+    ours = [c for c in whole["checks"] if c["name"].startswith("decoder_only: ")]
+    seconds = whole["config"]["seconds"]
+    records = {
+        "baseline": {**whole, "checks": [], "twin": None, "config": {**whole["config"],
+                                                                     "seconds": 0.0}},
+        "scratch": {**whole, "checks": [c for c in whole["checks"] if c not in ours],
+                    "config": {**whole["config"], "seconds": seconds - 3.0}},
+        "decoder_only": {**whole, "checks": ours, "twin": None,
+                         "config": {**whole["config"], "seconds": 3.0}}}
+    for model, record in records.items():
+        (tmp_path / f"published-{model}.json").write_text(json.dumps(record))
+    joined = ",".join(f"published-{model}.json" for model in records)
+    assert doc_figures.verify(tmp_path, joined).replace(joined, source) == \
+        doc_figures.verify(REPO, source)
+    records["decoder_only"]["passed"] = False
+    (tmp_path / "published-decoder_only.json").write_text(json.dumps(records["decoder_only"]))
+    assert "DO NOT pass" in doc_figures.verify(tmp_path, joined)

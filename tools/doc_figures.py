@@ -16,7 +16,8 @@ numbers inside are the files'.
 Kinds (KINDS): summary (a report folder's results_summary.csv and results.csv: the mean ±
 std table), answer (its statistics.json's verdicts at the margin, the report's first words),
 verdict (its statistics.json: scratch and the decoder-only model against the
-baseline), speed (its report.md's speed benchmark), verify (an `nmt verify` JSON).
+baseline), speed (its report.md's speed benchmark), verify (an `nmt verify` JSON, or a
+recipe's records one a model, joined by commas).
 """
 
 from __future__ import annotations
@@ -127,8 +128,16 @@ def speed(root: Path, source: str) -> str:
 
 
 def verify(root: Path, source: str) -> str:
-    """An `nmt verify` record: the twin checks by precision, then the decoder-only checks."""
-    record = json.loads((root / source).read_text())
+    """An `nmt verify` record: the twin checks by precision, then the decoder-only checks.
+    `source` is one record (every model's, as verify wrote before it ran a job a model) or
+    the records of one recipe's models joined by commas (results/verify/<recipe>-<model>.json:
+    scratch's holds the twin checks, the decoder-only model's its own)."""
+    records = [json.loads((root / part).read_text()) for part in source.split(",")]
+    record = next((r for r in records if r.get("twin")), records[0])  # its config and sizes
+    record = {**record, "passed": all(r["passed"] for r in records),
+              "checks": [c for r in records for c in r["checks"]],
+              "config": {**record["config"], "seconds": sum(r["config"]["seconds"]
+                                                             for r in records)}}
     diffs = {c["name"]: c["max_abs_diff"] for c in record["checks"]}
     groups = [("embeddings, encoder memory, decoder output, logits",
                ["embeddings", "encoder memory", "decoder output", "logits"]),
