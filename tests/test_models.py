@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt.models import MODELS, ModelConfig, build_model, registry
+from nmt.models import MODELS, ModelConfig, build_model, interface, registry
 from nmt.models.mapping import baseline_to_scratch, scratch_to_baseline
 from nmt.models.masks import bias
 from nmt.models.scratch.attention import MultiHeadAttention, scaled_dot_product_attention
@@ -218,17 +218,37 @@ def test_tied_mapping_and_equivalence():
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_interface_shapes(name):
+    """Every registered model keeps the interface nmt.models.interface writes down: its
+    protocols (an EncoderDecoder exactly where the entry says encoder_decoder, FusedSwitchable
+    where it has property checks) and the rules no signature shows: shapes, one
+    cross-attention map a decoder layer (an encoder-decoder's rows sum to 1), decode_step =
+    forward at the position fed, a cache for beams."""
+    entry = registry.entry(name)
     model = build_model(name, SMALL, SRC_V, TGT_V, PAD).eval()
+    assert isinstance(model, interface.TranslationModel)
+    assert isinstance(model, interface.EncoderDecoder) is entry.encoder_decoder
+    assert isinstance(model, interface.FusedSwitchable) or not entry.checks
     src, tgt = padded_batch()
     B, S = src.shape
     T = tgt.size(1)
     with torch.no_grad():
-        assert model(src, tgt).shape == (B, T, TGT_V)
+        logits = model(src, tgt)
+        assert logits.shape == (B, T, TGT_V)
         memory = model.encode(src)
         cache = model.init_cache(memory, src)
-        assert model.decode_step(cache, tgt[:, 0]).shape == (B, TGT_V)
+        assert isinstance(cache, interface.DecoderCache)
+        step = model.decode_step(cache, tgt[:, 0])
+        assert step.shape == (B, TGT_V)
+        torch.testing.assert_close(step, logits[:, 0], rtol=1e-4, atol=1e-4)
+        assert isinstance(model.init_cache(memory, src, beams=3), interface.DecoderCache)
         cross = model.attention_maps(src, tgt)["decoder_cross"]  # what evaluate draws
         assert all(w.shape == (B, SMALL.nhead, T, S) for w in cross) and cross
+        weight = cross[-1].sum(-1)  # a query's weight on the source
+        if entry.encoder_decoder:  # one map a decoder layer, each row a distribution
+            assert len(cross) == SMALL.num_decoder_layers
+            torch.testing.assert_close(weight, torch.ones(B, SMALL.nhead, T))
+        else:  # the source block of one self-attention over source and target
+            assert bool((weight <= 1 + 1e-6).all()) and bool((weight > 0).all())
         if name in ENCODER_DECODERS:
             assert memory.shape == (B, S, SMALL.d_model)
             assert model.decode(tgt, memory, src).shape == (B, T, TGT_V)

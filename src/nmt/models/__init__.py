@@ -4,14 +4,10 @@ Two encoder-decoders (baseline: torch.nn.Transformer; scratch: the same written 
 decoder-only translator (decoder_only: one stack over <bos> source <eos> <sep> target), each
 an entry of the registry (registry.py: its class, and what the pipeline asks of it).
 
-Every model takes src (B, S) and tgt_in (B, T) token ids and derives its masks from pad_id:
-forward -> logits (B, T, V); encode(src) -> memory (what the model's cache starts from);
-init_cache(memory, src, beams=K) (B*K rows, row b*K + i: beam i of sentence b) and
-decode_step(cache, tokens (B*K,)) -> logits (B*K, V) for search, with cache.reorder(index) for
-beam search (row r continues row index[r], one of its own sentence's K) and
-cache.keep(sentences) (the others are finished); attention_maps(src, tgt_in) -> per-head
-weights of every layer, with at least "decoder_cross": (B, H, T, S) per layer, target queries
-over the source.
+Every model keeps one interface, written down once in interface.py: what training and
+decoding call (forward, encode, init_cache / decode_step with the cache's reorder and keep,
+attention_maps; decode for an encoder-decoder), as protocols, and the rules no signature
+shows (tests/test_models.py holds every registered model to them).
 
 The package stands alone: it imports torch and nothing of the pipeline, so a notebook can
     from nmt.models import ModelConfig, build_model
