@@ -25,8 +25,9 @@ def spread_of(out: dict, models: list[str], name: str, kind: str) -> dict:
     return spreads[kind] if name == models[1] else spreads[ratio_name(models, name)][kind]
 
 
-def width(name: str) -> int:
-    return max(WIDTH, len(name) + 2)
+def width(name: str, least: int = WIDTH) -> int:
+    """A column's width: `least`, or its name and two spaces (decoder_only/baseline)."""
+    return max(least, len(name) + 2)
 
 
 def print_speeds(out: dict) -> None:
@@ -37,11 +38,13 @@ def print_speeds(out: dict) -> None:
     pairs = (f"   (median of {spread_of(out, models, others[0], 'train')['pairs']} update "
              "pairs; decoding: of batch pairs)" if others else "")
     print(f"{'':26}" + "".join(f"{m:>{width(m)}}" for m in models)
-          + "".join(f"{m + '/' + models[0]:>{RATIO_WIDTH}}" for m in others) + pairs)
+          + "".join(f"{m + '/' + models[0]:>{ratio_width(m, models)}}" for m in others)
+          + pairs)
     for key, label in KINDS:
         v = out[key]
         print(f"{label:26}" + "".join(f"{v[m]:>{width(m)},.1f}" for m in models)
-              + "".join(f"{v[ratio_name(models, m)]:>{RATIO_WIDTH}.2f}" for m in others)
+              + "".join(f"{v[ratio_name(models, m)]:>{ratio_width(m, models)}.2f}"
+                        for m in others)
               + ("   quartiles " if others else "") + "; ".join(
                   ("" if len(others) == 1 else f"{m} ")
                   + quartiles(spread_of(out, models, m, key), out["ratio_max_spread"])
@@ -59,6 +62,11 @@ def print_speeds(out: dict) -> None:
     if out["peak_memory_mib"]:
         v = out["peak_memory_mib"]
         print(f"{'peak memory MiB':26}" + "".join(f"{v[m]:>{width(m)}}" for m in models))
+
+
+def ratio_width(name: str, models: list[str]) -> int:
+    """The width of model `name`'s ratio column against models[0]."""
+    return width(f"{name}/{models[0]}", RATIO_WIDTH)
 
 
 def quartiles(spread: dict, max_spread: float) -> str:
