@@ -48,10 +48,9 @@ def check_settings(params: dict, root: Path = Path("."), *, writes: bool = True)
     for folder in OUTPUT_FOLDERS:
         if (root / folder).exists() and not (root / folder).is_dir():
             raise NmtError(not_a_folder(root / folder))
-        for path in writable_needed(root / folder) if writes else ():
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise NmtError(f"{path}: not writable, and the pipeline writes there (fix: "
-                               f"chmod u+w {path}, or run in a copy you may write)")
+        if writes and (path := unwritable(root / folder)):
+            raise NmtError(f"{path}: not writable, and the pipeline writes there (fix: "
+                           f"chmod u+w {path}, or run in a copy you may write)")
 
 
 def check_outputs_writable(stage: str, args, root: Path = Path(".")) -> None:
@@ -70,15 +69,12 @@ def check_outputs_writable(stage: str, args, root: Path = Path(".")) -> None:
     else:  # not run in a checkout, or a stage not declared yet: nothing to check
         return
     for output in outputs:
-        folder = output.parent
-        while not folder.exists():
-            folder = folder.parent
+        folder = writable_needed(output.parent)[0]  # it, or its nearest existing parent
         if not folder.is_dir():
             raise NmtError(not_a_folder(folder))
         if not os.access(folder, os.W_OK | os.X_OK):
-            shown = Path.cwd() if folder == Path(".") else folder  # not a bare "."
-            raise NmtError(f"{shown}: not writable, and nmt {stage} writes there (fix: chmod "
-                           f"u+w {shown}, or run in a copy you may write)")
+            raise NmtError(f"{shown(folder)}: not writable, and nmt {stage} writes there (fix: "
+                           f"chmod u+w {shown(folder)}, or run in a copy you may write)")
 
 
 def declared_outputs(root: Path = Path(".")) -> dict[str, list[str]]:
@@ -117,17 +113,27 @@ def check_dry_run(root: Path = Path(".")) -> None:
     leaves them to the run), but Snakemake's own state, .snakemake/, where Snakemake 9 saves
     its I/O cache even in a dry run (a read-only checkout: OSError [Errno 30] on
     .snakemake/iocache/latest.pkl, a traceback)."""
-    for path in writable_needed(Path(root) / ".snakemake"):
-        if not os.access(path, os.W_OK | os.X_OK):
-            shown = path.resolve() if path == Path(root) else path  # not a bare "."
-            raise NmtError(f"{shown}: not writable, and Snakemake writes its state there even "
-                           "in a dry run (fix: run it in a copy you may write, e.g. cp -a "
-                           f"{Path(root).resolve()} /tmp/copy)")
+    if path := unwritable(Path(root) / ".snakemake"):
+        raise NmtError(f"{path}: not writable, and Snakemake writes its state there even in a "
+                       "dry run (fix: run it in a copy you may write, e.g. cp -a "
+                       f"{Path(root).resolve()} /tmp/copy)")
 
 
 def may_write(path: Path) -> bool:
     """Whether this user may write `path` (or make it, where it is not there yet)."""
     return os.access(path if path.exists() else writable_needed(path)[0], os.W_OK)
+
+
+def unwritable(folder: Path) -> Path | None:
+    """The first of the folders a stage writes into for `folder` (writable_needed) that this
+    user may not write into, as shown in a message; None where all may be written."""
+    return next((shown(path) for path in writable_needed(folder)
+                 if not os.access(path, os.W_OK | os.X_OK)), None)
+
+
+def shown(path: Path) -> Path:
+    """A path for a message: the working folder's own name, never a bare "."."""
+    return Path.cwd() if path == Path(".") else path
 
 
 def writable_needed(folder: Path) -> list[Path]:

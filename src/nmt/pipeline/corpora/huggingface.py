@@ -97,13 +97,13 @@ def vet(data: dict, root: Path) -> None:
         builder = datasets.load_dataset_builder(hf["path"], hf.get("name"))
     known = {str(split) for split in getattr(builder.config, "data_files", None) or {}}
     for split in splits(data) if known else ():
-        spec = hf["splits"][split]
-        for part in spec.split("+"):
-            if part.split("[")[0].strip() not in known:
+        spec = hf["splits"][split]  # "train", "train[:1000]", "train+validation"
+        for name in (part.split("[")[0].strip() for part in spec.split("+")):
+            if name not in known:
                 raise NmtError(f"params.yaml: data.huggingface.splits.{split}: {spec!r}: "
-                               f"{hf['path']} has no split {part.split('[')[0].strip()!r} "
-                               f"(its splits: {', '.join(sorted(known))}) (fix: name a split "
-                               "the dataset has)")
+                               f"{hf['path']} has no split {name!r} (its splits: "
+                               f"{', '.join(sorted(known))}) (fix: name a split the dataset "
+                               "has)")
 
 
 def load_split(hf: dict, split: str):
