@@ -28,8 +28,12 @@ from forkserver import ForkServer, Pending
 from nmt.cli import main
 from nmt.core.errors import NmtError
 from nmt.pipeline import declaration
+from nmt.pipeline.code import kind_code
+from nmt.pipeline.corpora.kinds import KINDS
+from nmt.pipeline.corpus import corpus_settings
 from nmt.pipeline.params import load_params
 from nmt.pipeline.recipes import resolve
+from nmt.stages import sources
 from tiny import BIN, run, scratch_copy
 
 pytestmark = pytest.mark.slow
@@ -135,6 +139,14 @@ def module_names(modules: list[str]) -> set[str]:
 # The registry imports every model's entry to find the names (nmt.models.registry.discovered):
 # a job of one model loads the others' entries, which declare and run nothing of theirs.
 ENTRIES = {f"models/entries/{m}.py" for m in declaration.registered(REPO / "src")}
+# The corpus kind in use (the tiny pipeline's: multi30k) runs in the stages that read it by its
+# name, which no derived code follows: sources records its code and settings, and the stages
+# that run it depend on that record (declaration.kind_readers), which stands for them.
+KIND = KINDS[load_params(REPO / "params.yaml")["data"]["corpus"]]
+KIND_CODE = set(kind_code(KIND.__name__.rpartition(".")[2], REPO / "src"))
+RECORD = Path(sources.OUT)
+ALWAYS = "sources"  # records the corpus; DVC runs it every time, Snakemake as it reads the workflow
+RECORD_READERS = {ALWAYS, *declaration.kind_readers(STAGES)}
 
 
 @pytest.mark.parametrize("tool", ["dvc_run", "snakemake_run"])
@@ -151,16 +163,18 @@ def test_every_stage_declares_what_it_reads(tool, request):
         # change could miss it (an import by a computed name, say, which the parser cannot see).
         around = declaration.command_code(stage.name, (REPO / declaration.CODE).parent)
         model = stage.model_code.get(line.get("model"), [])  # a job of one model: its code
-        allowed = set(stage.code) | set(model) | set(around) | ENTRIES
+        kind = KIND_CODE if stage.name in RECORD_READERS else set()  # through the record
+        allowed = set(stage.code) | set(model) | set(around) | ENTRIES | kind
         extra = {m for m in module_names(line["modules"]) - allowed  # a unit holds its files
                  if not any(m.startswith(f"{unit}/") for unit in allowed)}
         assert not extra, f"{stage.name} loads modules its derived code lacks: {sorted(extra)}"
         # A stage with corpus_params reads pipeline.recipes[0], the {corpus} of its declared
         # params file (params/{corpus}.yaml): declared by that file's name.
-        keys = stage.params + (["pipeline.recipes"] if stage.corpus_params else [])
+        kind_keys = list(KIND.SETTINGS) if stage.name in RECORD_READERS else []  # recorded
+        keys = stage.params + (["pipeline.recipes"] if stage.corpus_params else []) + kind_keys
         extra = set(line["params"]) - under(keys, params)
         assert not extra, f"{stage.name} reads params.yaml keys it does not declare: {extra}"
-        recipe_keys = stage.recipe_params + stage.bench_params + stage.corpus_params
+        recipe_keys = stage.recipe_params + stage.bench_params + stage.corpus_params + kind_keys
         if "recipes" in stage.params:  # it resolves recipes itself from the sections it declares
             recipe_keys = recipe_keys + [k for k in stage.params if k in resolved]
         extra = set(line["recipe_params"]) - under(recipe_keys, resolved)
@@ -247,8 +261,39 @@ def expected(old: dict, new: dict) -> set[str]:
                 if any(leaf_or_none(before, k) != leaf_or_none(after, k)
                        for k in under(keys, before)):
                     hits.add(name)
-    # sources: DVC runs it always (left out of dvc_changed), Snakemake at parse time.
+    # sources: DVC runs it always (left out of dvc_changed), Snakemake at parse time; what
+    # reads its record re-runs when the record changes (the kind's settings, the files' names).
+    if record_text(old) != record_text(new):
+        hits |= {name for name, (s, _) in jobs(new).items() if s.name in RECORD_READERS}
     return {h for h in hits if not h.startswith("config@") and h != ALWAYS}
+
+
+def record_text(params: dict) -> str:
+    """params/sources.sha256's text for a pipeline's params (the repository's code)."""
+    return sources.describe(corpus_settings(params)["data"], REPO, REPO / "src")
+
+
+class Record:
+    """The corpus record of the two copies. DVC runs the sources stage first in every `dvc
+    repro` and Snakemake when it reads the workflow, but `dvc status` runs nothing: `refresh`
+    does for DVC's copy what its repro would first (Snakemake's dry run does it itself, in its
+    own copy). `restore` puts both records back as they were, time included, so that a
+    case's edit, once undone, leaves Snakemake no newer input than data/raw."""
+
+    def __init__(self, dvc_root: Path, snakemake_root: Path):
+        self.dvc_root = dvc_root
+        self.saved = {root: ((root / RECORD).read_bytes(), (root / RECORD).stat())
+                      for root in (dvc_root, snakemake_root)}
+
+    def refresh(self) -> None:
+        params = load_params(self.dvc_root / "params.yaml")
+        sources.refresh(corpus_settings(params), self.dvc_root / RECORD, self.dvc_root,
+                        self.dvc_root / "src")
+
+    def restore(self) -> None:
+        for root, (data, st) in self.saved.items():
+            (root / RECORD).write_bytes(data)
+            os.utime(root / RECORD, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def leaf_or_none(tree, key):
@@ -311,7 +356,8 @@ def with_value(params: dict, key: str, value) -> dict:
     return out
 
 
-ALWAYS = "sources"  # the stage DVC runs every time (always_changed): `dvc status` lists it
+# ALWAYS (above) is always_changed, so `dvc status` lists it whatever changed; Snakemake's rule
+# of it has no input and never runs where the Snakefile wrote its record.
 
 
 def dvc_changed(root: Path, config: bool = False) -> set[str]:
@@ -418,6 +464,7 @@ def test_a_changed_key_reruns_exactly_the_stages_that_declare_it(dvc_run, snakem
     original = {root: (root / "params.yaml").read_text() for root in (dvc_run, snakemake_run)}
     old = load_params(dvc_run / "params.yaml")
     recipes, problems, tried = old["pipeline"]["recipes"], [], []
+    record = Record(dvc_run, snakemake_run)
     for case in key_cases(old):
         change = valid_change(old, case, dvc_run / "params.yaml")
         if change is None:
@@ -428,8 +475,10 @@ def test_a_changed_key_reruns_exactly_the_stages_that_declare_it(dvc_run, snakem
         (snakemake_run / "params.yaml").write_text(yaml.safe_dump(new, sort_keys=False))
         dry_run = start_dry_run(snakemake)
         resolve_recipes(dvc_run, dvc_run / "params.yaml", recipes)
+        record.refresh()
         want = expected(old, new)
         got_dvc, got_smk = dvc_changed(dvc_run), snakemake_jobs(snakemake, dry_run)
+        record.restore()
         if got_dvc != want:
             problems.append(f"{key}: dvc status {sorted(got_dvc ^ want)} differ")
         if got_smk != (want_smk := downstream(want, new)):
@@ -481,6 +530,7 @@ def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakema
         cases.setdefault(names, module)
     assert len(cases) >= 20 and () in cases  # every row; one re-runs nothing
     assert not [m for m in NO_STAGE if rerun[m]], "a module of the command line re-runs stages"
+    record, corpus = Record(dvc_run, snakemake_run), params["data"]["corpus"]
     for code in sorted(set(cases.values()) | set(NO_STAGE)):
         rel = f"src/nmt/{code}"
         saved = {root: ((root / rel).read_bytes(), (root / rel).stat()) for root in
@@ -488,16 +538,20 @@ def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakema
         for root in saved:
             with open(root / rel, "a") as f:
                 f.write("\n# a change\n")
-        want = {name for name, (s, v) in jobs(params).items() for stage, models in rerun[code]
-                if s.name == stage and (models is None or v["model"] in models)}
+        want = {name for name, (s, v) in jobs(params).items() for j in rerun[code]
+                if s.name == j.stage and (j.models is None or v["model"] in j.models)
+                and (j.kinds is None or corpus in j.kinds)}
         dry_run = start_dry_run(snakemake)
+        record.refresh()
         got_dvc = dvc_changed(dvc_run, config=True)
         got_smk = snakemake_jobs(snakemake, dry_run)
+        record.restore()
         if got_dvc != want - {ALWAYS}:
             problems.append(f"{code}: dvc status {sorted(got_dvc ^ want)}")
-        # Under Snakemake nothing consumes the files of names and config, so they never run.
-        want_smk = downstream({w for w in want if w != "names" and not w.startswith("config@")},
-                              params)
+        # Under Snakemake nothing consumes the files of names and config, so they never run,
+        # and the Snakefile runs sources itself.
+        want_smk = downstream({w for w in want if w not in ("names", ALWAYS)
+                               and not w.startswith("config@")}, params)
         if got_smk != want_smk:
             problems.append(f"{code}: snakemake -n {sorted(got_smk ^ want_smk)}")
         trainings = sorted(j.removeprefix("train@") for j in got_dvc if j.startswith("train@"))
@@ -508,3 +562,64 @@ def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakema
             os.utime(root / rel, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert not problems, "\n".join(problems)
     shutil.rmtree(dvc_run / ".dvc" / "tmp", ignore_errors=True)
+
+
+# A corpus kind the next test registers: the files kind under another name.
+TSV_KIND = '''"""A corpus kind: the files kind under another name."""
+
+from nmt.pipeline.corpora import files
+
+SETTINGS = ("data.tsv",)
+check, preflight, describe, vet, download, title = (
+    files.check, files.preflight, files.describe, files.vet, files.download, files.title)
+'''
+SCHEMA_EDITS = [("corpus: {enum: [multi30k, files, huggingface]}\n",
+                 "corpus: {enum: [multi30k, files, huggingface, tsv]}\n"
+                 "      tsv: {type: object}\n"),
+                ("required: [corpus, files, huggingface,",
+                 "required: [corpus, files, huggingface, tsv,")]
+
+
+def test_registering_a_corpus_kind_reruns_no_data_stage_and_no_training(dvc_run, snakemake_run,
+                                                                       snakemake):
+    """A new kind (its module, the schema, its default in params.yaml, and `nmt stages
+    --write`) in a completed pipeline that reads another: under DVC the config stages (which
+    validate every section, the new default too) and the report (which declares the whole
+    data section) re-run, under Snakemake the report; no data stage, no verify, training,
+    evaluation or bench."""
+    roots = (dvc_run, snakemake_run)
+    edited = ["workflow/schemas/params.schema.yaml", "params.yaml", "dvc.yaml",
+              "workflow/rules/stages.smk", "docs/pipeline.md"]
+    saved = {(root, rel): ((root / rel).read_bytes(), (root / rel).stat())
+             for root in roots for rel in edited if (root / rel).is_file()}
+    recipes = load_params(dvc_run / "params.yaml")["pipeline"]["recipes"]
+    record, kind = Record(dvc_run, snakemake_run), Path("src/nmt/pipeline/corpora/tsv.py")
+    try:
+        for root in roots:
+            (root / kind).write_text(TSV_KIND)
+            schema = (root / edited[0]).read_text()
+            for old, new in SCHEMA_EDITS:
+                assert old in schema, old
+                schema = schema.replace(old, new)
+            (root / edited[0]).write_text(schema)
+            edit_params(root / "params.yaml", data={"tsv": {}})
+            run(["nmt", "stages", "--write"], root)
+        assert "- data.tsv" in (dvc_run / "dvc.yaml").read_text()
+        dry_run = start_dry_run(snakemake)
+        resolve_recipes(dvc_run, dvc_run / "params.yaml", recipes)
+        record.refresh()
+        got_dvc = dvc_changed(dvc_run, config=True)
+        got_smk = snakemake_jobs(snakemake, dry_run)
+        print(f"a new corpus kind: dvc status {sorted(got_dvc)}, snakemake -n {sorted(got_smk)}")
+        assert got_dvc == {f"config@{r}" for r in recipes} | {"report"}
+        assert got_smk == {"report"}
+    finally:
+        for root in roots:
+            (root / kind).unlink(missing_ok=True)
+            for cached in (root / kind.parent / "__pycache__").glob("tsv.*"):
+                cached.unlink()
+        for (root, rel), (data, st) in saved.items():
+            (root / rel).write_bytes(data)
+            os.utime(root / rel, ns=(st.st_atime_ns, st.st_mtime_ns))
+        resolve_recipes(dvc_run, dvc_run / "params.yaml", recipes)
+        record.restore()

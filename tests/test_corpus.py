@@ -3,6 +3,7 @@ it reads, and every bad input is one line naming the key and the fix."""
 
 import copy
 import gzip
+import shutil
 
 import pandas as pd
 import pytest
@@ -179,7 +180,7 @@ def test_bad_huggingface_datasets_are_one_line(corpus, tmp_path):
 
 def test_the_schemas_corpus_kinds_are_the_tables():
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "params.schema.yaml").read_text())
-    assert schema["$defs"]["data"]["properties"]["corpus"]["enum"] == list(KINDS)
+    assert sorted(schema["$defs"]["data"]["properties"]["corpus"]["enum"]) == list(KINDS)
 
 
 def test_every_kind_gives_what_the_pipeline_asks_of_a_kind():
@@ -190,13 +191,47 @@ def test_every_kind_gives_what_the_pipeline_asks_of_a_kind():
             assert key.split(".")[1] in PARAMS["data"], (name, key)
 
 
-def test_sources_and_download_declare_every_kinds_settings():
+def test_sources_declares_every_kinds_settings_and_the_stages_that_run_a_kind_its_record():
+    """sources records the settings and code of the kind in use; download and the report,
+    which run it, declare no kind's settings and hold no kind's module: they depend on the
+    record, so another kind's edit or a new kind re-runs neither."""
     stages = declaration.load(REPO / declaration.DECLARATION)
     settings = [key for kind in KINDS.values() for key in kind.SETTINGS]
-    assert {"data.files", "data.huggingface"} <= set(settings)
-    for name in ("sources", "download"):
-        declared = stages[name].corpus_params
-        assert set(settings) <= set(declared) and declaration.KIND_SETTINGS not in declared
+    assert {"data.files", "data.huggingface", "data.base_url"} <= set(settings)
+    declared = stages["sources"].corpus_params
+    assert set(settings) <= set(declared) and declaration.KIND_SETTINGS not in declared
+    assert stages["sources"].records_kind
+    assert declaration.kind_readers(stages) == ["download", "report"]
+    kinds = {f"pipeline/corpora/{k}.py" for k in KINDS}
+    for name, stage in stages.items():
+        assert not set(stage.code) & kinds, name
+        assert not set(stage.corpus_params) & set(settings) or name == "sources", name
+
+
+def test_the_record_changes_with_the_kind_in_use_its_settings_and_its_code(tmp_path):
+    """params/sources.sha256 is what download and the report know of the kind: it changes
+    when the kind's settings or any module it runs change, and not when another kind's does."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src" / "nmt", src / "nmt",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    data = PARAMS["data"]
+    before = sources.describe(data, REPO, src)
+    assert "nmt/pipeline/corpora/multi30k.py" in before and "corpora/files.py" not in before
+    for other in ("pipeline/corpora/files.py", "pipeline/corpora/huggingface.py",
+                  "models/baseline.py"):
+        with open(src / "nmt" / other, "a") as f:
+            f.write("\n# an edit\n")
+    (src / "nmt" / "pipeline" / "corpora" / "tsv.py").write_text(
+        (src / "nmt" / "pipeline" / "corpora" / "files.py").read_text())
+    assert sources.describe(data, REPO, src) == before
+    for own in ("pipeline/corpora/multi30k.py", "pipeline/corpora/raw.py", "core/records.py"):
+        edited = src / "nmt" / own
+        text = edited.read_text()
+        edited.write_text(text + "\n# an edit\n")
+        assert sources.describe(data, REPO, src) != before, own
+        edited.write_text(text)
+    assert sources.describe(data, REPO, src) == before
+    assert sources.describe({**data, "base_url": "https://example.org/x"}, REPO, src) != before
 
 
 def test_download_asks_a_train_split_for_what_verify_trains_on():

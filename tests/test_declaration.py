@@ -28,8 +28,7 @@ import yaml
 from conftest import REPO, edit_params
 from nmt import cli
 from nmt.models import registry
-from nmt.pipeline import declaration, preflight, recipes
-from nmt.pipeline.declaration import code
+from nmt.pipeline import code, declaration, preflight, recipes
 from tiny import run, scratch_copy
 
 STAGES = declaration.load(REPO / declaration.DECLARATION)

@@ -7,7 +7,7 @@
 # Snakemake re-runs a job when its params change, so an edit re-runs exactly what reads it.
 
 # The modules every stage computes from (params.yaml read into values:
-# nmt.pipeline.declaration.code.SHARED); each rule adds those its stage's
+# nmt.pipeline.code.SHARED); each rule adds those its stage's
 # computation imports. The command line around it (nmt.cli, the checks) is none.
 SHARED_CODE = [
     "src/nmt/__init__.py",
@@ -123,30 +123,8 @@ rule config:
 
 
 rule sources:
-    input:
-        "workflow/multi30k.sha256",
-        code=[
-            *SHARED_CODE,
-            "src/nmt/stages/sources.py",
-            "src/nmt/core/__init__.py",
-            "src/nmt/core/dvc_cache.py",
-            "src/nmt/core/files.py",
-            "src/nmt/core/records.py",
-            "src/nmt/pipeline/corpora/__init__.py",
-            "src/nmt/pipeline/corpora/files.py",
-            "src/nmt/pipeline/corpora/huggingface.py",
-            "src/nmt/pipeline/corpora/kinds.py",
-            "src/nmt/pipeline/corpora/multi30k.py",
-            "src/nmt/pipeline/corpora/raw.py",
-            "src/nmt/pipeline/corpus.py",
-            "src/nmt/pipeline/recipes.py",
-            "src/nmt/stages/__init__.py",
-        ],
     output:
         "params/sources.sha256",
-    params:
-        values=declared(corpus_params=["data.corpus", "data.files", "data.huggingface",
-                                       "data.source_lang", "data.target_lang", "data.testsets"]),
     log:
         "logs/sources.log",
     conda:
@@ -166,10 +144,7 @@ rule download:
             "src/nmt/core/files.py",
             "src/nmt/core/records.py",
             "src/nmt/pipeline/corpora/__init__.py",
-            "src/nmt/pipeline/corpora/files.py",
-            "src/nmt/pipeline/corpora/huggingface.py",
             "src/nmt/pipeline/corpora/kinds.py",
-            "src/nmt/pipeline/corpora/multi30k.py",
             "src/nmt/pipeline/corpora/raw.py",
             "src/nmt/pipeline/corpus.py",
             "src/nmt/pipeline/recipes.py",
@@ -178,8 +153,7 @@ rule download:
     output:
         directory("data/raw"),
     params:
-        values=declared(corpus_params=["data.corpus", "data.base_url", "data.files",
-                                       "data.huggingface", "data.source_lang", "data.target_lang",
+        values=declared(corpus_params=["data.corpus", "data.source_lang", "data.target_lang",
                                        "data.testsets"]),
     log:
         "logs/download.log",
@@ -567,6 +541,7 @@ rule report:
         expand("data/vocab/{recipe}", recipe=RECIPES),
         "reports/h200-published/results_summary.csv",
         "reports/h200-published/statistics.json",
+        "params/sources.sha256",
         code=[
             *SHARED_CODE,
             *package("src/nmt/stages/report"),
@@ -578,11 +553,7 @@ rule report:
             "src/nmt/core/stats.py",
             "src/nmt/core/text.py",
             "src/nmt/pipeline/corpora/__init__.py",
-            "src/nmt/pipeline/corpora/files.py",
-            "src/nmt/pipeline/corpora/huggingface.py",
             "src/nmt/pipeline/corpora/kinds.py",
-            "src/nmt/pipeline/corpora/multi30k.py",
-            "src/nmt/pipeline/corpora/raw.py",
             "src/nmt/pipeline/corpus.py",
             "src/nmt/pipeline/recipes.py",
             "src/nmt/stages/__init__.py",

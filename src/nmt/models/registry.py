@@ -70,7 +70,7 @@ class ModelEntry:
 def discovered() -> dict[str, ModelEntry]:
     """Every module of nmt.models.entries holds one model's ENTRY, named as the module: the
     models in their `order`. Registering a model adds a module there and edits no file that
-    another model's runs depend on (nmt.pipeline.declaration.code gives each run its own
+    another model's runs depend on (nmt.pipeline.code gives each run its own
     model's code)."""
     package = importlib.import_module("nmt.models.entries")
     found = []

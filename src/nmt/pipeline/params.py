@@ -4,7 +4,7 @@ names come from nmt.models.registry, which the schema's model_name takes its enu
 check the rules across keys a schema cannot express.
 
 Every problem becomes one NmtError line naming the key and the fix. The checks refuse, never
-change a value, so they are the command line's, no stage's code (nmt.pipeline.declaration.code).
+change a value, so they are the command line's, no stage's code (nmt.pipeline.code).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 never holds (an anchor, a key written twice), refused before any value is built.
 
 This is the part of `nmt`'s reading of params.yaml that can change a stage's outputs, and so is
-every stage's code (nmt.pipeline.declaration.code.SHARED); what checks the values and refuses
+every stage's code (nmt.pipeline.code.SHARED); what checks the values and refuses
 them (nmt.pipeline.params: the schema, the rules across keys) is the command line's, and DVC's
 config stage runs it first.
 """

@@ -10,21 +10,27 @@ text that is not UTF-8, sides that do not pair up, a Hugging Face path that does
 resolve): this stage then fails, before either orchestrator deletes data/raw to run a
 download bound to fail, and records nothing, so the next run reads it again.
 
-What the lines are is the corpus kind's to say (its `describe`, nmt.pipeline.corpora): the
-pinned sha256 of each Multi30k file, the sha256 of each file of data.files, of each file of a
-local Hugging Face dataset folder (a Hub dataset is known by data.huggingface itself, a params
-dependency of download).
+The record holds the kind (data.corpus), its own settings (its SETTINGS: data.files,
+data.huggingface, data.base_url) and its code: the sha256 of every module the kind's module
+runs (nmt.pipeline.code.kind_code). The kinds are found by name (nmt.pipeline.corpora.kinds),
+so no stage's derived code holds one; download and the report, which run the kind, depend on
+this record instead, and so re-run when the kind in use, its settings or its code change,
+never when another kind is edited or a new one registered. The rest of the lines are the
+kind's to say (its `describe`, nmt.pipeline.corpora): the pinned sha256 of each Multi30k
+file, the sha256 of each file of data.files, of each file of a local Hugging Face dataset
+folder (a Hub dataset is known by data.huggingface itself).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
-from nmt.core.files import write_text
-from nmt.pipeline import preflight
-from nmt.pipeline.corpora.kinds import kind_of
+from nmt.core.files import sha256, write_text
+from nmt.pipeline import code, preflight
+from nmt.pipeline.corpora.kinds import kind_of, settings_of
 from nmt.pipeline.corpus import corpus_settings
 
 log = logging.getLogger("nmt.sources")
@@ -32,16 +38,27 @@ log = logging.getLogger("nmt.sources")
 OUT = Path("params/sources.sha256")
 
 
-def describe(data: dict, root: Path = Path(".")) -> str:
-    """The text of params/sources.sha256 for the corpus settings `data`."""
-    lines = [f"# data.corpus: {data['corpus']}", *kind_of(data).describe(data, Path(root))]
+def describe(data: dict, root: Path = Path("."), src: Path | None = None) -> str:
+    """The text of params/sources.sha256 for the corpus settings `data`: the kind, its own
+    settings, the sha256 of every module it runs (found under src, the folder that holds nmt:
+    by default where the kind was loaded from), then the kind's lines."""
+    kind = kind_of(data)
+    src = code.source_root(kind) if src is None else Path(src)
+    modules = code.kind_code(data["corpus"], src)
+    lines = [f"# data.corpus: {data['corpus']}",
+             *(f"# {key}: {json.dumps(value, sort_keys=True)}"
+               for key, value in settings_of(data).items()),
+             f"# the code of kind {data['corpus']}:",
+             *(f"{sha256(src / 'nmt' / module)}  nmt/{module}" for module in modules),
+             *kind.describe(data, Path(root))]
     return "\n".join(lines) + "\n"
 
 
-def refresh(settings: dict, out: Path = OUT, root: Path = Path(".")) -> bool:
+def refresh(settings: dict, out: Path = OUT, root: Path = Path("."),
+            src: Path | None = None) -> bool:
     """Stage sources: write `out` if its text would change; True if it did. settings: the
-    pipeline's corpus settings (nmt.pipeline.corpus.corpus_settings)."""
-    text = describe(settings["data"], root)
+    pipeline's corpus settings (nmt.pipeline.corpus.corpus_settings); src: describe's."""
+    text = describe(settings["data"], root, src)
     if not stale(text, out):
         log.info("%s: unchanged", out)
         return False

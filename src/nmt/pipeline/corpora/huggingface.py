@@ -7,7 +7,6 @@ the local Hugging Face cache (HF_HUB_OFFLINE=1).
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,16 +39,14 @@ def preflight(data: dict, at: str, root: Path) -> None:
 
 
 def describe(data: dict, root: Path) -> list[str]:
-    """data.huggingface itself (so that a changed path or split is vetted), then the sha256
-    of each file of a local dataset folder (a Hub dataset is known by its settings)."""
-    hf = data["huggingface"]
-    settings = f"# data.huggingface: {json.dumps(hf, sort_keys=True)}"
-    folder = Path(root) / hf["path"]
+    """The sha256 of each file of a local dataset folder (a Hub dataset is known by its
+    settings, which the record holds before these lines)."""
+    folder = Path(root) / data["huggingface"]["path"]
     if not folder.is_dir():
-        return [settings]
+        return []
     files = [f.relative_to(folder) for f in sorted(folder.rglob("*")) if f.is_file()]
-    return [settings, *(f"{sha256(folder / f)}  {f}" for f in files
-                        if not any(part.startswith(".") for part in f.parts))]
+    return [f"{sha256(folder / f)}  {f}" for f in files
+            if not any(part.startswith(".") for part in f.parts)]
 
 
 def title(data: dict) -> str:

@@ -4,12 +4,11 @@ rendered from it.
 `nmt stages --write` renders both orchestrators' files from it (`rendered`): dvc.yaml
 (`render_dvc`) and Snakemake's rules, workflow/rules/stages.smk (`render_snakemake`); `nmt
 stages --check` and a test fail when either is stale. The tests compare what each stage really
-reads and runs against it (see the file's header). One idea a module, each importing only the
-ones before it:
+reads and runs against it (see the file's header). Each stage's code is derived from the
+imports (nmt.pipeline.code: `stage_code`, `shared_code`; `command_code`, what its command loads
+around it; `imports`, the parser tests/test_layout.py uses too). One idea a module, each
+importing only the ones before it:
 
-    code       the code a stage's computation runs, derived from the imports (`stage_code`,
-               `shared_code`; `command_code`, what its command loads around it; `imports`,
-               the parser tests/test_layout.py uses too)
     declared   the declaration read into `Stage`s (`load`) and checked: every refusal is here
     dvc        dvc.yaml
     snakemake  the rules, and `declared_values`, which they call at run time (rules/common.smk)
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nmt.pipeline.declaration.code import (
+from nmt.pipeline.code import (
     command_code,
     imports,
     model_code,
@@ -38,6 +37,7 @@ from nmt.pipeline.declaration.declared import (
     KIND_SETTINGS,
     PLACEHOLDER,
     Stage,
+    kind_readers,
     load,
     lookup,
 )
@@ -52,11 +52,10 @@ from nmt.pipeline.declaration.snakemake import (
 )
 
 __all__ = ["CODE", "DECLARATION", "command_code", "DIMENSIONS", "KIND_SETTINGS", "PLACEHOLDER",
-           "SNAKEMAKE_RULES", "Stage",
-           "declared_values", "imports", "input_templates", "load", "lookup", "module_name",
-           "model_code", "registered", "render_dvc", "render_snakemake", "rendered",
-           "rerun_by", "rerun_table",
-           "shared_code", "smk_rule", "stage_code"]
+           "SNAKEMAKE_RULES", "Stage", "declared_values", "imports", "input_templates",
+           "kind_readers", "load", "lookup", "module_name", "model_code", "registered",
+           "render_dvc", "render_snakemake", "rendered", "rerun_by", "rerun_table", "shared_code",
+           "smk_rule", "stage_code"]
 
 
 def rendered(path: Path = DECLARATION) -> dict[Path, str]:

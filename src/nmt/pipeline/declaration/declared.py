@@ -1,7 +1,7 @@
 """The declared stages: workflow/stages.yaml read into `Stage`s and checked.
 
 `load` reads the declaration, adds each stage's code (derived from the imports,
-nmt.pipeline.declaration.code) and refuses, with the stage and the fix, what neither tool
+nmt.pipeline.code) and refuses, with the stage and the fix, what neither tool
 could run as declared (`check`): a renderer takes a loaded stage as it is.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from nmt.pipeline.code import model_code, registered, shared_code, stage_code
 from nmt.pipeline.corpora.kinds import KINDS
-from nmt.pipeline.declaration.code import model_code, registered, shared_code, stage_code
 
 DECLARATION = Path("workflow/stages.yaml")
 CODE = "src/nmt"
@@ -22,7 +22,8 @@ DIMENSIONS = ("recipe", "model", "seed")
 DEFAULT_MODELS = "pipeline.models"  # the list a per-model stage runs over, unless models_from
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
 # In corpus_params: the settings of every corpus kind, each kind's SETTINGS (data.files,
-# data.huggingface; nmt.pipeline.corpora), so that a new kind needs no declaration edit.
+# data.huggingface; nmt.pipeline.corpora), so that a new kind needs no declaration edit
+# (sources: it records those of the kind in use for the stages that run it).
 KIND_SETTINGS = "data.{kind}"
 # Snakemake's own names that a cmd may hold besides the job's wildcards, {bench} and a declared
 # {gpu_mem_mb}: its shell command fills them ({threads}: the job's; DVC fills that one too).
@@ -67,6 +68,9 @@ class Stage:
     shared_code: list = field(default_factory=list)  # the part every stage computes from
     # per model: what a job of each model runs beyond `code` (its model's modules; derived)
     model_code: dict = field(default_factory=dict)
+    # It declares KIND_SETTINGS: its output records the corpus kind in use, its settings and
+    # its code (nmt.stages.sources), for the stages that run the kind (`kind_readers`)
+    records_kind: bool = False
 
     def code_paths(self, files: bool = False, model: str | None = None) -> list[str]:
         """The modules it runs as repository paths (a job of `model`: its model's too): a
@@ -115,7 +119,7 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
     spec = yaml.safe_load(Path(path).read_text())
     src = Path(path).parent.parent / "src" if src is None else Path(src)
     if "shared_code" in spec:
-        raise ValueError(f"{path}: shared_code is derived (nmt.pipeline.declaration.code."
+        raise ValueError(f"{path}: shared_code is derived (nmt.pipeline.code."
                          "SHARED); remove it")
     shared = shared_code(src)
     stages = {}
@@ -132,7 +136,8 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
                if c not in shared]
         models = {m: [c for c in model_code(m, src) if c not in shared + own]
                   for m in registered(src)} if per_model else {}
-        corpus = {"corpus_params": corpus_keys(s.get("corpus_params", []))}
+        corpus = {"corpus_params": corpus_keys(s.get("corpus_params", [])),
+                  "records_kind": KIND_SETTINGS in s.get("corpus_params", [])}
         stages[name] = Stage(name=name, **(s | corpus), code=shared + own, shared_code=shared,
                              model_code=models)
     for stage in stages.values():
@@ -144,6 +149,13 @@ def corpus_keys(declared: list[str]) -> list[str]:
     """corpus_params as declared, KIND_SETTINGS replaced by every corpus kind's settings."""
     kinds = [key for kind in KINDS.values() for key in kind.SETTINGS]
     return [key for entry in declared for key in (kinds if entry == KIND_SETTINGS else [entry])]
+
+
+def kind_readers(stages: dict[str, Stage]) -> list[str]:
+    """The stages that run the corpus kind in use (by its name, which no derived code follows):
+    those whose deps hold the record of a stage that records it (`records_kind`)."""
+    records = {o for s in stages.values() if s.records_kind for o in s.outputs()}
+    return [name for name, s in stages.items() if records & set(s.deps)]
 
 
 def check(stage: Stage) -> None:

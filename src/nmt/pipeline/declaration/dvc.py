@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from nmt.pipeline.declaration.code import model_code, registered, shared_code
+from nmt.pipeline.code import model_code, registered, shared_code
 from nmt.pipeline.declaration.declared import CODE, DECLARATION, DIMENSIONS, Stage, load
 
 MODEL_LINKS = Path("workflow/code")  # <model>/<module path, / as .>: a link to the module
@@ -80,7 +80,7 @@ def render_dvc(path: Path = DECLARATION) -> str:
 
 def model_modules(path: Path = DECLARATION) -> dict[str, list[str]]:
     """Each registered model -> the modules its jobs run beyond the shared code
-    (nmt.pipeline.declaration.code.model_code): workflow/code/<model>/'s links, and
+    (nmt.pipeline.code.model_code): workflow/code/<model>/'s links, and
     Snakemake's MODEL_CODE."""
     src = Path(path).parent.parent / Path(CODE).parent
     shared = shared_code(src)

@@ -167,21 +167,27 @@ def constraint_lines(stage: Stage) -> list[str]:
 
 def smk_rule(stage: Stage, stages: dict) -> str:
     """One plain rule: input (deps, then code=), output, params, threads, resources, log,
-    conda, shell."""
-    lines = [f"rule {stage.name}:", "    input:"]
-    lines += [f"        {path_expr(p, names)}," for p, names in input_templates(stage, stages)]
-    own = [c for c in stage.code if c not in stage.shared_code]
-    # a job of one model: that model's code too (MODEL_CODE, by the job's wildcard)
-    lines += ["        code=lambda wildcards: [" if stage.model_code else "        code=[",
-              "            *SHARED_CODE,"]
-    lines += [f"            {item}," for item in code_items(own)]
-    lines += ["            *MODEL_CODE[wildcards.model],"] if stage.model_code else []
-    lines += ["        ],"]
+    conda, shell. A stage DVC runs every time (always_changed) the Snakefile runs when it reads
+    the workflow, and its output changes only when its text does: its rule has no input and no
+    params, so that an edit of its code or a touched dependency (which would make Snakemake run
+    it, and after it everything that reads its output) plans nothing; it runs only where the
+    file is missing."""
+    lines = [f"rule {stage.name}:"]
+    if not stage.always_changed:
+        lines += ["    input:"] + [f"        {path_expr(p, names)},"
+                                   for p, names in input_templates(stage, stages)]
+        own = [c for c in stage.code if c not in stage.shared_code]
+        # a job of one model: that model's code too (MODEL_CODE, by the job's wildcard)
+        lines += ["        code=lambda wildcards: [" if stage.model_code else "        code=[",
+                  "            *SHARED_CODE,"]
+        lines += [f"            {item}," for item in code_items(own)]
+        lines += ["            *MODEL_CODE[wildcards.model],"] if stage.model_code else []
+        lines += ["        ],"]
     lines += ["    output:"] + [f"        {output_expr(stage, p)}," for p in stage.outputs()]
     lines += constraint_lines(stage)
     declared = {k: v for k, v in (("params", stage.params), ("recipe_params",
                 stage.recipe_params), ("bench_params", stage.bench_params),
-                ("corpus_params", stage.corpus_params)) if v}
+                ("corpus_params", stage.corpus_params)) if v and not stage.always_changed}
     uses_bench = "bench" in placeholders(stage.cmd)
     if declared or uses_bench:
         lines.append("    params:")
@@ -234,7 +240,7 @@ def render_snakemake(path: Path = DECLARATION) -> str:
     stages = load(path)
     shared = next(iter(stages.values())).shared_code
     head = ["# The modules every stage computes from (params.yaml read into values:",
-            "# nmt.pipeline.declaration.code.SHARED); each rule adds those its stage's",
+            "# nmt.pipeline.code.SHARED); each rule adds those its stage's",
             "# computation imports. The command line around it (nmt.cli, the checks) is none.",
             "SHARED_CODE = ["] + [f"    {item}," for item in code_items(shared)] + ["]", "",
             "# Each model's modules (its registry entry and what that names): a job of one",

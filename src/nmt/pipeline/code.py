@@ -12,7 +12,8 @@ writes, and so re-runs nothing. Each is named as the declaration once named it b
 module by its file under src/nmt (core/files.py, __init__.py for nmt itself), a unit by its
 folder. The files are parsed, never imported, so a change to any module re-runs exactly the
 stages whose computation reaches it. `imports` is also the parser tests/test_layout.py holds
-the layers with.
+the layers with. A corpus kind's code (`kind_code`) is derived the same way, for the record
+the sources stage keeps of the kind in use (nmt.stages.sources).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import ast
 import functools
 import re
 from pathlib import Path
+from types import ModuleType
+
+from nmt.pipeline.corpora.kinds import HELPERS
 
 # Every stage package (nmt.stages.verify) is one unit: one entry by its folder (DVC hashes the
 # folder; Snakemake takes its .py files), and a change to any file of it re-runs the stage.
@@ -30,6 +34,9 @@ from pathlib import Path
 # renaming); a job of one model (per: model) runs that model's only (`model_code`), so an edit
 # of one model's code re-runs that model's runs and no other's.
 REGISTRY, ENTRIES = "nmt.models.registry", "nmt.models.entries"
+# The corpus kinds, found the same way by nmt.pipeline.corpora.kinds: no stage's code holds one
+# (`kind_code`: the sources stage records the code of the kind data.corpus names).
+CORPORA, KINDS_TABLE = "nmt.pipeline.corpora", "nmt.pipeline.corpora.kinds"
 NAMED = re.compile(r"^(nmt(?:\.\w+)+):\w+$")  # "nmt.models.baseline:BaselineTransformer"
 # What nmt.cli reads of a stage's module to run it as a command (nmt.cli: build_parser, run,
 # said): its command line. It sits below COMMAND_LINE_STARTS with the helpers only it calls
@@ -57,6 +64,12 @@ def module_name(path: Path, src: Path) -> str:
     src/nmt/core/__init__.py -> nmt.core."""
     rel = Path(path).relative_to(src).with_suffix("")
     return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def source_root(module: ModuleType) -> Path:
+    """The folder that holds nmt, where a loaded module of it was found."""
+    path = Path(module.__file__).resolve()
+    return package_and_src(path, module.__name__)[1]
 
 
 def module_file(module: str, src: Path) -> Path:
@@ -114,12 +127,14 @@ def entry(module: str, src: Path, unit_list: list[str]) -> str:
 
 
 def closure(starts, src: Path, computations=frozenset(), skip=NO_OUTPUT,
-            models: tuple[str, ...] | None = None) -> list[str]:
+            models: tuple[str, ...] | None = None, kinds: bool = False) -> list[str]:
     """The entries (as `entry` names them) that importing the modules starts runs: their
     imports' imports, and so on, with every enclosing package; a unit's every file. Of the
     modules in `computations` (a stage's own), only what their computation imports
     (`computation_imports`); those in `skip` are left out. Reaching the registry runs the
-    entries of `models` (None: every registered model) and what they name."""
+    entries of `models` (None: every registered model) and what they name; reaching the table
+    of corpus kinds loads every kind, which `kinds` asks to follow (a stage's code leaves them
+    to the sources record: `kind_code`)."""
     unit_list, todo, seen, found = units(src), list(starts), set(), set()
 
     def imports_of(path: Path, module: str):
@@ -136,6 +151,8 @@ def closure(starts, src: Path, computations=frozenset(), skip=NO_OUTPUT,
         if module == REGISTRY:
             todo += [m for name in (registered(src) if models is None else models)
                      for m in entry_starts(name, src)]
+        if module == KINDS_TABLE and kinds:
+            todo += [f"{CORPORA}.{kind}" for kind in corpus_kinds(src)]
         name = entry(module, src, unit_list)
         if name in found:  # a unit, whose files are all read already
             continue
@@ -161,6 +178,22 @@ def entry_starts(name: str, src: Path) -> list[str]:
     named = [NAMED.match(n.value) for n in ast.walk(tree)
              if isinstance(n, ast.Constant) and isinstance(n.value, str)]
     return [module, *sorted({m.group(1) for m in named if m})]
+
+
+def corpus_kinds(src: Path) -> tuple[str, ...]:
+    """The corpus kinds nmt.pipeline.corpora.kinds finds: the modules of nmt.pipeline.corpora
+    but its helpers."""
+    folder = module_file(CORPORA, src)
+    return tuple(sorted(p.stem for p in folder.parent.glob("*.py")
+                        if p.stem not in ("__init__", *HELPERS)))
+
+
+def kind_code(name: str, src: Path) -> list[str]:
+    """What corpus kind `name` runs: its module and all it imports. kinds finds the kind by
+    name, which no parser sees, so no stage's derived code holds it: the sources stage records
+    the sha256 of these files for the kind data.corpus names (nmt.stages.sources), and the
+    stages that read a corpus through a kind depend on that record."""
+    return closure([f"{CORPORA}.{name}"], src)
 
 
 def model_code(name: str, src: Path) -> list[str]:
@@ -248,4 +281,4 @@ def command_code(name: str, src: Path) -> list[str]:
     """What `nmt <name>` loads around the computation as well (nmt.cli, the stage module's
     command line and all they import): where tests/test_contract.py looks for a module a stage
     loaded that its code lacks."""
-    return closure(["nmt.cli", f"nmt.stages.{name}"], src, skip=())
+    return closure(["nmt.cli", f"nmt.stages.{name}"], src, skip=(), kinds=True)
