@@ -118,18 +118,13 @@ def under(keys: list[str], tree: dict) -> set[str]:
 
 
 def module_names(modules: list[str]) -> set[str]:
-    """As a stage's derived code names modules: a unit by its folder
-    (nmt.stages.verify.measure -> stages/verify), a module by its file (nmt.stages.vocab ->
-    stages/vocab.py), a package's own __init__ by that file (nmt -> __init__.py, nmt.core ->
+    """As a stage's derived code names modules: by file (nmt.stages.vocab -> stages/vocab.py),
+    a package's own __init__ by that file (nmt -> __init__.py, nmt.core ->
     core/__init__.py)."""
-    units = {c for s in STAGES.values() for c in s.code if not c.endswith(".py")}
     out = set()
     for m in modules:
         path = "/".join(m.split(".")[1:])
-        unit = next((u for u in units if path == u or path.startswith(u + "/")), None)
-        if unit:
-            out.add(unit)
-        elif not path or (REPO / declaration.CODE / path).is_dir():
+        if not path or (REPO / declaration.CODE / path).is_dir():
             out.add(f"{path}/__init__.py".lstrip("/"))
         else:
             out.add(path + ".py")
@@ -165,8 +160,7 @@ def test_every_stage_declares_what_it_reads(tool, request):
         model = stage.model_code.get(line.get("model"), [])  # a job of one model: its code
         kind = KIND_CODE if stage.name in RECORD_READERS else set()  # through the record
         allowed = set(stage.code) | set(model) | set(around) | ENTRIES | kind
-        extra = {m for m in module_names(line["modules"]) - allowed  # a unit holds its files
-                 if not any(m.startswith(f"{unit}/") for unit in allowed)}
+        extra = module_names(line["modules"]) - allowed
         assert not extra, f"{stage.name} loads modules its derived code lacks: {sorted(extra)}"
         # A stage with corpus_params reads pipeline.recipes[0], the {corpus} of its declared
         # params file (params/{corpus}.yaml): declared by that file's name.
@@ -216,7 +210,7 @@ def snakemake_inputs(stage: declaration.Stage, lists: dict, bench: str,
                      model: str | None = None) -> list[str]:
     """The inputs of the stage's rule in stages.smk, expanded (its wildcards left in): its
     code files (a job of one model: its model's too) and deps, the way Snakemake reads them."""
-    return stage.code_paths(files=True, model=model) + [
+    return stage.code_paths(model=model) + [
         q for p, names in declaration.input_templates(stage, STAGES)
         for q in expand(p, names, lists, bench)]
 
@@ -518,7 +512,7 @@ NO_STAGE = ["cli.py", "commands/translate.py", "core/errors.py", "pipeline/prefl
 def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakemake_run,
                                                                 snakemake):
     """A changed module re-runs the stages of its row of docs/pipeline.md's table (the stages
-    whose derived code holds it, or its unit folder), under both tools, and nothing where the
+    whose derived code holds it), under both tools, and nothing where the
     row says nothing. One module of each row is changed (the same rendered lists carry a
     row's modules to DVC and Snakemake; which stages run a module is the derivation's, tested
     in test_declaration.py), and every module the goals name as re-running nothing."""

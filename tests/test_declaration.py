@@ -107,15 +107,20 @@ def test_every_stage_runs_the_shared_code_and_its_own_module_first():
         assert not set(own) & set(shared), name
     # params.yaml read into values, what every stage computes from; not its checks
     assert shared == ["__init__.py", "pipeline/__init__.py", "pipeline/params_file.py"]
-    assert STAGES["verify"].code[len(shared)] == "stages/verify"  # a package: its folder
+    assert STAGES["verify"].code[len(shared)] == "stages/verify/__init__.py"  # a package
     assert not [c for c in STAGES["report"].code if c.startswith("models/")]
+
+
+# Each model's check set of its own (its entry's `checks`): the module a verify job of it runs.
+CHECK_SETS = {"scratch": "stages/verify/equivalence.py",
+              "decoder_only": "stages/verify/decoder_only.py"}
 
 
 def test_a_job_of_one_model_runs_that_models_code_and_no_others():
     """train, evaluate, export and verify run per model: their code reaches the registry but
-    no model (verify: but the reference, which scratch's twin checks build), and each job
-    adds its model's (its entry and what that names); bench, which builds every model, holds
-    them all."""
+    no model, and each job adds its model's (its entry and what that names; a verify job:
+    its check sets too, and scratch's twin check set the reference's code); bench, which
+    builds every model, holds them all."""
     train = STAGES["train"]
     assert "models/registry.py" in train.code
     assert not [c for c in train.code if c.startswith(("models/scratch", "models/baseline"))]
@@ -132,12 +137,36 @@ def test_a_job_of_one_model_runs_that_models_code_and_no_others():
     assert not STAGES["bench"].model_code
     assert scratch | baseline | decoder_only <= set(STAGES["bench"].code)
     verify = STAGES["verify"]
-    assert baseline | {"models/entries/baseline.py"} <= set(verify.code)
-    assert not [c for c in verify.code if c.startswith(("models/scratch", "models/entries/s",
-                                                         "models/entries/d"))]
-    assert set(verify.model_code["scratch"]) == scratch - set(verify.code)
+    assert not [c for c in verify.code if c.startswith(("models/scratch", "models/baseline",
+                                                         "models/entries/", "models/decoder_"))]
+    assert not [c for c in verify.code if c in CHECK_SETS.values()]  # loaded by name
+    for model, checks in CHECK_SETS.items():
+        own = set(train.model_code[model]) - set(verify.code)
+        assert own | {checks} <= set(verify.model_code[model]), model
+    # the twin check set builds the reference: scratch's job runs the baseline's code, and
+    # no other job does but the baseline's own
+    assert baseline | {"models/entries/baseline.py"} <= set(verify.model_code["scratch"])
+    assert not set(verify.model_code["decoder_only"]) & (baseline - set(decoder_only))
+    assert not [c for c in verify.model_code["baseline"] if c.startswith("stages/verify/")]
+    # the decoder-only model's own modules reach no other model's verify job
+    others = set(verify.code) | set(verify.model_code["baseline"]) | \
+        set(verify.model_code["scratch"])
+    assert not others & {"models/decoder_only/layer_norm.py", "stages/verify/decoder_only.py"}
     assert STAGES["evaluate"].model_code.keys() == STAGES["export"].model_code.keys() == \
         verify.model_code.keys() == set(registry.names())
+
+
+def test_an_entrys_check_sets_are_read_or_refused(tmp_path):
+    """check_code reads an entry's `checks=` (strings, or the registry's constants); anything
+    else no parser can follow is refused, naming the file."""
+    src = source_copy(tmp_path)
+    assert code.entry_checks("scratch", src, code.registry_constants(src)) == (
+        "equivalence", "properties")
+    entry = src / "nmt" / "models" / "entries" / "decoder_only.py"
+    entry.write_text(entry.read_text().replace('checks=("decoder_only",)',
+                                               "checks=tuple(['decoder_only'])"))
+    with pytest.raises(ValueError, match="decoder_only.py: checks= is no tuple"):
+        code.check_code("decoder_only", src)
 
 
 def test_registering_a_model_changes_no_data_stage_and_no_existing_runs_code(tmp_path):

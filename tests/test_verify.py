@@ -13,7 +13,7 @@ from nmt.models.scratch import attention as scratch_attention
 from nmt.models.scratch import embedding as scratch_embedding
 from nmt.models.scratch import transformer as scratch_transformer
 from nmt.models.scratch.decoder import DecoderLayer
-from nmt.stages.verify import equivalence
+from nmt.stages.verify import equivalence, measure
 from nmt.stages.verify.checklist import Checklist
 from synthetic import synthetic_batches
 
@@ -118,14 +118,14 @@ def test_the_trajectory_trains_the_recipes_model_at_most_at_its_cap():
     """A full-size recipe's trajectory runs at TRAJECTORY_SIZE; a smaller recipe's at its own
     size, never larger than the model the recipe trains; always a valid model, no dropout."""
     published = ModelConfig(6, 6, 512, 8, 2048, 0.1)
-    assert equivalence.trajectory_model(published) == replace(
-        published, **equivalence.TRAJECTORY_SIZE, dropout=0.0)
+    assert measure.trajectory_model(published) == replace(
+        published, **measure.TRAJECTORY_SIZE, dropout=0.0)
     tiny = ModelConfig(1, 1, 32, 2, 64, 0.1, norm_first=True)
-    assert equivalence.trajectory_model(tiny) == replace(tiny, dropout=0)
+    assert measure.trajectory_model(tiny) == replace(tiny, dropout=0)
     narrow = ModelConfig(3, 1, 48, 6, 512, 0.1)  # 48 = 6 heads of 8: its own heads, capped rest
-    assert equivalence.trajectory_model(narrow) == ModelConfig(2, 1, 48, 6, 128, 0.0)
+    assert measure.trajectory_model(narrow) == ModelConfig(2, 1, 48, 6, 128, 0.0)
     for cfg in (published, tiny, narrow, ModelConfig(2, 2, 96, 12, 96, 0.1)):
-        small = equivalence.trajectory_model(cfg)
+        small = measure.trajectory_model(cfg)
         assert small.d_model % small.nhead == 0 and small.d_model <= min(cfg.d_model, 64)
 
 
@@ -371,7 +371,7 @@ def test_max_abs_diff_shapes_and_nan():
 
 def test_baseline_attention_maps_are_per_head():
     torch.manual_seed(0)
-    baseline, _ = verify.build_pair(CFG, SRC_V, TGT_V, PAD)
+    baseline, _ = equivalence.build_pair(CFG, SRC_V, TGT_V, PAD)
     src, tgt = synthetic_batches(1, 3, SRC_V, TGT_V)[0]
     maps = baseline.attention_maps(src, tgt[:, :-1])  # fast path or not
     B, S, T = src.size(0), src.size(1), tgt.size(1) - 1

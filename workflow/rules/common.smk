@@ -1,7 +1,5 @@
-# What the generated rules (rules/stages.smk) call: their params, resources and code inputs
-# that depend on the config or on the files of a package.
-from pathlib import Path
-
+# What the generated rules (rules/stages.smk) call: their params and resources that depend on
+# the config.
 from nmt.pipeline.recipes import resolve
 from nmt.pipeline.declaration import declared_values, lookup
 
@@ -19,11 +17,6 @@ def declared(params=(), recipe_params=(), bench_params=(), corpus_params=()):
 def from_recipe(key):
     """A key of the job's recipe, resolved: train.devices is the GPUs a training holds."""
     return lambda wildcards: lookup(resolve(config, wildcards.recipe), key)
-
-
-def package(folder):
-    """A package's modules as inputs: its .py files (Snakemake compares their times)."""
-    return [str(p) for p in sorted(Path(folder).rglob("*.py"))]
 
 
 def listed(key):

@@ -44,7 +44,9 @@ class ModelEntry:
     reads_bos: bool  # its class also takes bos_id (the decoder-only model's source/target break)
     exports: bool  # nmt export converts it to CTranslate2 (pipeline.export may name it)
     param_count: str  # "module:function": (cfg, src_vocab_size, tgt_vocab_size) -> parameters
-    checks: tuple[str, ...]  # nmt verify's check sets for it, modules of nmt.stages.verify
+    # nmt verify's check sets for it, modules of nmt.stages.verify: strings or the constants
+    # below, as nmt.pipeline.code reads them from the entry's text (its verify job's code)
+    checks: tuple[str, ...]
     positions: tuple[str, ...] = ("sinusoidal",)  # the model.positions it can be built with
     # "module:function" turning its state dict into the scratch model's names (export, bench);
     # None where the state dict already has them, or the model has no such layout

@@ -2,18 +2,19 @@
 
 A stage's code is what its computation runs: the transitive closure of the nmt imports (at a
 module's top or inside a function, relative ones included) from its module, nmt.stages.<name>
-(a package: all its files), less that module's command line (COMMAND_LINE: what nmt.cli calls
-to run it as a command, and the helpers only those use), plus every package's __init__ on the
-way (Python runs it on import) and what every stage computes from (SHARED: params.yaml read
-into values). The command line around the computation (nmt.cli, its option groups, the
-params checks, preflight, the orchestrator guard, the commands that are no stage) is no
-stage's code: an edit of it can change what a command says or refuses, not what a stage
-writes, and so re-runs nothing. Each is named as the declaration once named it by hand: a
-module by its file under src/nmt (core/files.py, __init__.py for nmt itself), a unit by its
-folder. The files are parsed, never imported, so a change to any module re-runs exactly the
-stages whose computation reaches it. `imports` is also the parser tests/test_layout.py holds
-the layers with. A corpus kind's code (`kind_code`) is derived the same way, for the record
-the sources stage keeps of the kind in use (nmt.stages.sources).
+(a package: its __init__), less that module's command line (COMMAND_LINE: what nmt.cli calls to
+run it as a command, and the helpers only those use), plus every package's __init__ on the way
+(Python runs it on import) and what every stage computes from (SHARED: params.yaml read into
+values). The command line around the computation (nmt.cli, its option groups, the params
+checks, preflight, the orchestrator guard, the commands that are no stage) is no stage's code:
+an edit of it can change what a command says or refuses, not what a stage writes, and so
+re-runs nothing. Each is named by its file under src/nmt (core/files.py, __init__.py for nmt
+itself, stages/verify/suite.py), a module of a stage package too: an edit of one re-runs the
+stages that import it, not every stage of the package. The files are parsed, never imported, so
+a change to any module re-runs exactly the stages whose computation reaches it. `imports` is
+also the parser tests/test_layout.py holds the layers with. A corpus kind's code (`kind_code`)
+is derived the same way, for the record the sources stage keeps of the kind in use
+(nmt.stages.sources).
 """
 
 from __future__ import annotations
@@ -26,14 +27,17 @@ from types import ModuleType
 
 from nmt.pipeline.corpora.kinds import HELPERS
 
-# Every stage package (nmt.stages.verify) is one unit: one entry by its folder (DVC hashes the
-# folder; Snakemake takes its .py files), and a change to any file of it re-runs the stage.
 # The registry finds the models' entries by module name (nmt.models.registry.discovered),
 # which no parser sees: a stage whose computation reaches it runs every entry module and the
 # modules its "module:attribute" strings name (the model's class, its parameter count, its
 # renaming); a job of one model (per: model) runs that model's only (`model_code`), so an edit
 # of one model's code re-runs that model's runs and no other's.
 REGISTRY, ENTRIES = "nmt.models.registry", "nmt.models.entries"
+# nmt verify finds an entry's check sets (its `checks`: names of modules of this package, or
+# constants of the registry that hold one) by name too (nmt.stages.verify.suite.check_set): a
+# verify job runs its model's check sets (`check_code`), and those of the twin check set build
+# the reference as well.
+CHECK_SETS, TWIN_CHECKS, REFERENCE = "nmt.stages.verify", "TWIN_CHECKS", "REFERENCE"
 # The corpus kinds, found the same way by nmt.pipeline.corpora.kinds: no stage's code holds one
 # (`kind_code`: the sources stage records the code of the kind data.corpus names).
 CORPORA, KINDS_TABLE = "nmt.pipeline.corpora", "nmt.pipeline.corpora.kinds"
@@ -114,28 +118,21 @@ def package_and_src(path: Path, module: str) -> tuple[bool, Path]:
     return is_package, Path(path).parents[len(module.split(".")) - (0 if is_package else 1)]
 
 
-def units(src: Path) -> list[str]:
-    """The packages that are one entry (every stage package), as folders of nmt."""
-    stages = sorted(p.parent.name for p in (src / "nmt" / "stages").glob("*/__init__.py"))
-    return [f"stages/{s}" for s in stages]
-
-
-def entry(module: str, src: Path, unit_list: list[str]) -> str:
-    """How the declaration names a module: its unit's folder, else its file under nmt/."""
-    rel = module_file(module, src).relative_to(src / "nmt").as_posix()
-    return next((u for u in unit_list if rel.startswith(u + "/")), rel)
+def entry(module: str, src: Path) -> str:
+    """How the declaration names a module: its file under nmt/ (core/files.py)."""
+    return module_file(module, src).relative_to(src / "nmt").as_posix()
 
 
 def closure(starts, src: Path, computations=frozenset(), skip=NO_OUTPUT,
             models: tuple[str, ...] | None = None, kinds: bool = False) -> list[str]:
     """The entries (as `entry` names them) that importing the modules starts runs: their
-    imports' imports, and so on, with every enclosing package; a unit's every file. Of the
+    imports' imports, and so on, with every enclosing package. Of the
     modules in `computations` (a stage's own), only what their computation imports
     (`computation_imports`); those in `skip` are left out. Reaching the registry runs the
     entries of `models` (None: every registered model) and what they name; reaching the table
     of corpus kinds loads every kind, which `kinds` asks to follow (a stage's code leaves them
     to the sources record: `kind_code`)."""
-    unit_list, todo, seen, found = units(src), list(starts), set(), set()
+    todo, seen, found = list(starts), set(), set()
 
     def imports_of(path: Path, module: str):
         return (computation_imports(path, module) if module in computations
@@ -153,14 +150,8 @@ def closure(starts, src: Path, computations=frozenset(), skip=NO_OUTPUT,
                      for m in entry_starts(name, src)]
         if module == KINDS_TABLE and kinds:
             todo += [f"{CORPORA}.{kind}" for kind in corpus_kinds(src)]
-        name = entry(module, src, unit_list)
-        if name in found:  # a unit, whose files are all read already
-            continue
-        files = (sorted((src / "nmt" / name).rglob("*.py")) if name in unit_list
-                 else [module_file(module, src)])
-        found.add(name)
-        for f in files:
-            todo += [module_name(f, src), *imports_of(f, module_name(f, src))]
+        found.add(entry(module, src))
+        todo += imports_of(module_file(module, src), module)
     return sorted(found)
 
 
@@ -200,6 +191,53 @@ def model_code(name: str, src: Path) -> list[str]:
     """What a job of model `name` runs of the models beyond what its stage's computation
     reaches without one (`stage_code(..., models=())`): its entry and all it names."""
     return closure(entry_starts(name, src), src, models=())
+
+
+def check_code(name: str, src: Path) -> list[str]:
+    """What a verify job of model `name` runs beyond its stage's computation and the model's
+    code: its entry's check sets (modules of CHECK_SETS), and, where one is the twin check set,
+    the reference they build and compare it with (nmt.stages.verify.suite.run_checks)."""
+    constants = registry_constants(src)
+    checks = entry_checks(name, src, constants)
+    built = (name, constants[REFERENCE]) if constants[TWIN_CHECKS] in checks else (name,)
+    return closure([f"{CHECK_SETS}.{check}" for check in checks], src,
+                   computations={CHECK_SETS}, models=built)  # its package: the stage's module
+
+
+def registry_constants(src: Path) -> dict[str, str]:
+    """The registry's module-level names bound to strings (TWIN_CHECKS: "equivalence")."""
+    tree = ast.parse(module_file(REGISTRY, src).read_text())
+    out = {}
+    for node in (n for n in tree.body if isinstance(n, ast.Assign)):
+        for target in node.targets:
+            names = target.elts if isinstance(target, ast.Tuple) else [target]
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            out |= {n.id: v.value for n, v in zip(names, values, strict=False)
+                    if isinstance(n, ast.Name) and isinstance(v, ast.Constant)
+                    and isinstance(v.value, str)}
+    return out
+
+
+def entry_checks(name: str, src: Path, constants: dict[str, str]) -> tuple[str, ...]:
+    """The check sets model `name`'s entry names (its ENTRY's `checks=`: strings, or names of
+    the registry's constants); refused where it is neither, as no parser could follow it."""
+    path = module_file(f"{ENTRIES}.{name}", src)
+    calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+    given = [k.value for c in calls for k in c.keywords if k.arg == "checks"]
+    if not given:
+        return ()
+    if not isinstance(given[0], (ast.Tuple, ast.List)):
+        raise ValueError(f"{path}: checks= is no tuple of check set names")
+    out = []
+    for item in given[0].elts:
+        if isinstance(item, ast.Constant) and isinstance(item.value, str):
+            out.append(item.value)
+        elif isinstance(item, ast.Name) and item.id in constants:
+            out.append(constants[item.id])
+        else:
+            raise ValueError(f"{path}: checks= holds {ast.unparse(item)}, neither a string nor "
+                             "a constant of nmt/models/registry.py")
+    return tuple(out)
 
 
 def file_imports(path: Path, module: str) -> frozenset[str]:
@@ -273,7 +311,7 @@ def stage_code(name: str, src: Path, models: tuple[str, ...] | None = None) -> l
         raise ValueError(f"stage {name}: no module src/nmt/stages/{name}.py nor package "
                          f"src/nmt/stages/{name}/")
     found = closure([module, *SHARED], src, computations={module}, models=models)
-    own = entry(module, src, units(src))
+    own = entry(module, src)
     return [own] + [c for c in found if c != own]
 
 

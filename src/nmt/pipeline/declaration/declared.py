@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from nmt.pipeline.code import model_code, registered, shared_code, stage_code
+from nmt.pipeline.code import check_code, model_code, registered, shared_code, stage_code
 from nmt.pipeline.corpora.kinds import KINDS
 
 DECLARATION = Path("workflow/stages.yaml")
@@ -62,9 +62,9 @@ class Stage:
     # What the pipeline is for: Snakemake's `rule all` asks for its outputs (every job's); the
     # other stages run because a target needs them (DVC runs every stage anyway).
     target: bool = False
-    # per model: models whose code every job runs besides its own (verify: the reference,
-    # which scratch's twin checks build), part of `code`
-    with_models: list = field(default_factory=list)
+    # per model: each job runs its model's check sets too (verify: the registry entry's
+    # `checks`, and the reference where one is the twin check set; code.check_code)
+    runs_checks: bool = False
     shared_code: list = field(default_factory=list)  # the part every stage computes from
     # per model: what a job of each model runs beyond `code` (its model's modules; derived)
     model_code: dict = field(default_factory=dict)
@@ -72,15 +72,9 @@ class Stage:
     # its code (nmt.stages.sources), for the stages that run the kind (`kind_readers`)
     records_kind: bool = False
 
-    def code_paths(self, files: bool = False, model: str | None = None) -> list[str]:
-        """The modules it runs as repository paths (a job of `model`: its model's too): a
-        package (stages/verify) is a folder for DVC, which hashes its content, and its .py
-        files for Snakemake, which compares times."""
-        paths = [f"{CODE}/{c}" for c in self.code + self.model_code.get(model, [])]
-        if not files:
-            return paths
-        return [str(f) for p in paths for f in
-                (sorted(Path(p).rglob("*.py")) if Path(p).is_dir() else [Path(p)])]
+    def code_paths(self, model: str | None = None) -> list[str]:
+        """The modules it runs as repository paths (a job of `model`: its model's too)."""
+        return [f"{CODE}/{c}" for c in self.code + self.model_code.get(model, [])]
 
     def outputs(self) -> list[str]:
         """Every file or folder it writes: outs, metrics and plots."""
@@ -128,13 +122,13 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
             raise ValueError(f"{path}: stage {name}: code is derived from its module's "
                              "imports; remove it")
         per_model = "model" in s.get("per", [])
-        if s.get("with_models") and not per_model:
-            raise ValueError(f"{path}: stage {name}: with_models, but it does not run per "
-                             "model (it runs every model's code already)")
-        own = [c for c in stage_code(name, src, models=tuple(s.get("with_models", []))
-                                     if per_model else None)
+        if s.get("runs_checks") and not per_model:
+            raise ValueError(f"{path}: stage {name}: runs_checks, but it does not run per "
+                             "model (a job runs one model's check sets)")
+        own = [c for c in stage_code(name, src, models=() if per_model else None)
                if c not in shared]
-        models = {m: [c for c in model_code(m, src) if c not in shared + own]
+        models = {m: sorted(set(job_code(m, src, s.get("runs_checks", False)))
+                            - set(shared + own))
                   for m in registered(src)} if per_model else {}
         corpus = {"corpus_params": corpus_keys(s.get("corpus_params", [])),
                   "records_kind": KIND_SETTINGS in s.get("corpus_params", [])}
@@ -143,6 +137,12 @@ def load(path: Path = DECLARATION, src: Path | None = None) -> dict[str, Stage]:
     for stage in stages.values():
         check(stage)
     return stages
+
+
+def job_code(model: str, src: Path, runs_checks: bool) -> list[str]:
+    """What a job of `model` runs beyond its stage's computation: the model's code, and its
+    check sets' where the stage runs them."""
+    return model_code(model, src) + (check_code(model, src) if runs_checks else [])
 
 
 def corpus_keys(declared: list[str]) -> list[str]:

@@ -1,10 +1,11 @@
 """dvc.yaml rendered from the declared stages: one DVC stage each, a matrix over its per
-dimensions, its code as dependencies (a unit's folder, which DVC hashes whole).
+dimensions, its code as dependencies (one file a module).
 
 A job of one model depends on that model's code alone, which differs from model to model; a
 DVC matrix cannot pick a list by the item (`${code.${item.model}}` is refused), so each model's
 code is a folder of links, workflow/code/<model>/, one to each module the model runs, and a
-per-model stage depends on `workflow/code/${item.model}` (DVC hashes what the links point to).
+per-model stage depends on `workflow/code/${item.model}` (DVC hashes what the links point to);
+verify's jobs run the model's check sets as well, `workflow/code/verify-${item.model}`.
 `nmt stages --write` makes the links with the rest, and `--check` fails where they differ.
 """
 
@@ -15,7 +16,14 @@ from pathlib import Path
 import yaml
 
 from nmt.pipeline.code import model_code, registered, shared_code
-from nmt.pipeline.declaration.declared import CODE, DECLARATION, DIMENSIONS, Stage, load
+from nmt.pipeline.declaration.declared import (
+    CODE,
+    DECLARATION,
+    DIMENSIONS,
+    Stage,
+    job_code,
+    load,
+)
 
 MODEL_LINKS = Path("workflow/code")  # <model>/<module path, / as .>: a link to the module
 
@@ -37,7 +45,7 @@ def dvc_stage(s: Stage) -> dict:
     out["cmd"] = dvc_text(s.cmd).replace("{threads}", str(s.threads))
     if s.gpu_mem_mb is not None:  # DVC has no resources: the declared bound (the variable)
         out["cmd"] = out["cmd"].replace("{gpu_mem_mb}", str(s.gpu_mem_mb))
-    models = [f"{MODEL_LINKS}/${{item.model}}"] if s.model_code else []
+    models = [f"{MODEL_LINKS}/{links_prefix(s)}${{item.model}}"] if s.model_code else []
     out["deps"] = s.code_paths() + models + [dvc_text(d) for d in s.deps]
     params = [{"params.yaml": None} if k == "params.yaml" else k for k in s.params]
     if s.recipe_params:
@@ -78,14 +86,26 @@ def render_dvc(path: Path = DECLARATION) -> str:
     return HEADER + body
 
 
+def links_prefix(stage: Stage) -> str:
+    """The prefix of the link folder its jobs depend on: none for a model's code
+    (workflow/code/scratch), `<stage>-` where its jobs run the model's check sets too
+    (workflow/code/verify-scratch)."""
+    return f"{stage.name}-" if stage.runs_checks else ""
+
+
 def model_modules(path: Path = DECLARATION) -> dict[str, list[str]]:
-    """Each registered model -> the modules its jobs run beyond the shared code
-    (nmt.pipeline.code.model_code): workflow/code/<model>/'s links, and
-    Snakemake's MODEL_CODE."""
+    """Each folder of links -> the modules a job of its model runs beyond the shared code:
+    <model> (nmt.pipeline.code.model_code), and <stage>-<model> for a stage whose jobs run
+    the model's check sets too (job_code): workflow/code/'s folders, and Snakemake's
+    MODEL_CODE."""
     src = Path(path).parent.parent / Path(CODE).parent
-    shared = shared_code(src)
-    return {model: [m for m in model_code(model, src) if m not in shared]
-            for model in registered(src)}
+    shared = set(shared_code(src))
+    checking = [s for s in load(path).values() if s.runs_checks]
+    out = {model: sorted(set(model_code(model, src)) - shared) for model in registered(src)}
+    for stage in checking:
+        out |= {f"{links_prefix(stage)}{model}": sorted(set(job_code(model, src, True)) - shared)
+                for model in registered(src)}
+    return out
 
 
 def model_links(path: Path = DECLARATION) -> dict[Path, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from nmt.pipeline.code import corpus_kinds, kind_code, units
+from nmt.pipeline.code import corpus_kinds, kind_code
 from nmt.pipeline.declaration.declared import (
     CODE,
     DECLARATION,
@@ -40,21 +40,20 @@ class Jobs(NamedTuple):
 def rerun_by(stages: dict[str, Stage], src: Path) -> dict[str, tuple[Jobs, ...]]:
     """Every module file under src/nmt (as the code lists name it: core/files.py) -> the jobs
     an edit of it re-runs, in the declaration's order: every job of a stage whose code holds
-    the file or the unit folder it lies in (stages/verify); of a per-model stage, the jobs of
+    the file; of a per-model stage, the jobs of
     the models whose code holds it; of a stage that runs the corpus kind in use (through the
     sources record: declared.kind_readers), where data.corpus is a kind whose code holds it."""
-    unit_list, readers = units(src), kind_readers(stages)
+    readers = kind_readers(stages)
     kinds = corpus_kinds(src)
     kind_modules = {kind: set(kind_code(kind, src)) for kind in kinds}
     out = {}
     for path in sorted((src / "nmt").rglob("*.py")):
         rel = path.relative_to(src / "nmt").as_posix()
-        unit = next((u for u in unit_list if rel.startswith(u + "/")), None)
         in_kinds = tuple(k for k in kinds if rel in kind_modules[k])
         found: list[Jobs] = []
         for name, s in stages.items():
             models = tuple(m for m, code in s.model_code.items() if rel in code)
-            if rel in s.code or unit in s.code or models and set(models) == set(s.model_code):
+            if rel in s.code or models and set(models) == set(s.model_code):
                 found.append(Jobs(name))
             elif models:
                 found.append(Jobs(name, models))

@@ -21,7 +21,7 @@ from nmt.pipeline.declaration.declared import (
     lookup,
     placeholders,
 )
-from nmt.pipeline.declaration.dvc import model_modules
+from nmt.pipeline.declaration.dvc import links_prefix, model_modules
 
 SNAKEMAKE_RULES = Path("workflow/rules/stages.smk")
 CONDA_ENV = "../envs/nmt.yaml"  # workflow/envs/nmt.yaml, relative to the rules file
@@ -141,9 +141,8 @@ def shell_lines(command: str, indent: int = 8) -> list[str]:
 
 
 def code_items(modules: list[str]) -> list[str]:
-    """Modules as input items: a file, or a package's .py files (package() in common.smk)."""
-    return [f"*package({quote(f'{CODE}/{c}')})" if is_dir(c) else quote(f"{CODE}/{c}")
-            for c in modules]
+    """Modules as input items: their files."""
+    return [quote(f"{CODE}/{c}") for c in modules]
 
 
 def output_expr(stage: Stage, path: str) -> str:
@@ -181,7 +180,9 @@ def smk_rule(stage: Stage, stages: dict) -> str:
         lines += ["        code=lambda wildcards: [" if stage.model_code else "        code=[",
                   "            *SHARED_CODE,"]
         lines += [f"            {item}," for item in code_items(own)]
-        lines += ["            *MODEL_CODE[wildcards.model],"] if stage.model_code else []
+        key = (f'f"{links_prefix(stage)}{{wildcards.model}}"' if stage.runs_checks
+               else "wildcards.model")
+        lines += [f"            *MODEL_CODE[{key}],"] if stage.model_code else []
         lines += ["        ],"]
     lines += ["    output:"] + [f"        {output_expr(stage, p)}," for p in stage.outputs()]
     lines += constraint_lines(stage)
@@ -244,7 +245,8 @@ def render_snakemake(path: Path = DECLARATION) -> str:
             "# computation imports. The command line around it (nmt.cli, the checks) is none.",
             "SHARED_CODE = ["] + [f"    {item}," for item in code_items(shared)] + ["]", "",
             "# Each model's modules (its registry entry and what that names): a job of one",
-            "# model (train, evaluate, export) runs its own model's only.",
+            "# model (train, evaluate, export) runs its own model's only; verify-<model>: and",
+            "# its check sets (verify's jobs).",
             "MODEL_CODE = {"]
     for model, modules in model_modules(path).items():
         head += [f"    {quote(model)}: ["] + [f"        {item}," for item in code_items(modules)]

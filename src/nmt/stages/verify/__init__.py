@@ -9,12 +9,14 @@ configuration without a twin passes on its properties alone.
 - checklist.py: Checklist (records each timed check and its kind), format_table,
   print_checklist;
 - measure.py: what every checklist measures with (check batches, max_abs_diff, the loss,
-  tolerances);
+  tolerances, the training trajectory's size and steps);
 - equivalence.py: the twin checks, scratch against the baseline on shared weights;
 - properties.py: the property checks every model gets (the check set "properties");
 - decoder_only.py: the decoder-only model's property checks, with its own additions;
 - suite.py: run_checks, both kinds on one configuration, each model's check sets looked up by
-  the names its registry entry gives (model_checks: one model's property checks).
+  the names its registry entry gives (model_checks: one model's property checks); a check set
+  (equivalence, properties, decoder_only) is loaded by its name only, so that a job's code is
+  its own model's check sets (nmt.pipeline.code.check_code).
 
 verify() writes run_checks's result for the model, {"passed", "checks": [{"name", "kind",
 "passed", "max_abs_diff", "tolerance", "seconds"}], "models", "twin", "twin_reason",
@@ -35,11 +37,10 @@ from nmt.models import ModelConfig
 from nmt.pipeline import commandline
 from nmt.pipeline.recipes import resolve
 from nmt.stages.verify.checklist import Checklist, format_table, print_checklist
-from nmt.stages.verify.equivalence import TRAJECTORY_STEPS, build_pair
-from nmt.stages.verify.measure import CHECK_ROWS, check_batches, max_abs_diff
+from nmt.stages.verify.measure import CHECK_ROWS, TRAJECTORY_STEPS, check_batches, max_abs_diff
 from nmt.stages.verify.suite import model_checks, run_checks
 
-__all__ = ["Paths", "verify", "run_checks", "model_checks", "build_pair", "Checklist",
+__all__ = ["Paths", "verify", "run_checks", "model_checks", "Checklist",
            "format_table", "print_checklist", "max_abs_diff", "TRAJECTORY_STEPS"]
 
 log = logging.getLogger("nmt.verify")

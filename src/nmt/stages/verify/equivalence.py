@@ -21,16 +21,14 @@ from nmt.stages.verify.checklist import Checklist, timed
 from nmt.stages.verify.measure import (
     FUSED_TOLERANCE,
     TOLERANCE,
+    TRAJECTORY_ADAM,
+    TRAJECTORY_STEPS,
     fused_math_diff,
     loss_of,
     max_abs_diff,
 )
 
 TRAJECTORY_TOLERANCE = 1e-8
-TRAJECTORY_STEPS = 30
-TRAJECTORY_ADAM = {"lr": 1e-4, "betas": (0.9, 0.98), "eps": 1e-9}  # the published optimizer
-TRAJECTORY_SIZE = {"num_encoder_layers": 2, "num_decoder_layers": 2, "d_model": 64, "nhead": 4,
-                   "dim_feedforward": 128}  # the largest: float64 training is slow on a CPU
 
 
 @contextlib.contextmanager
@@ -134,19 +132,6 @@ def forward_diffs(baseline, scratch, batches) -> dict:
         for key in want:
             diffs[key] = max(diffs.get(key, 0.0), max_abs_diff(want[key], got[key]))
     return diffs
-
-
-def trajectory_model(cfg: ModelConfig) -> ModelConfig:
-    """The recipe's model, no larger than TRAJECTORY_SIZE in any dimension, without dropout:
-    a full-size recipe trains its trajectory at TRAJECTORY_SIZE, a smaller one at its own size
-    (d_model and nhead change together, so that nhead still divides d_model)."""
-    cap = TRAJECTORY_SIZE
-    width = ({"d_model": cfg.d_model, "nhead": cfg.nhead} if cfg.d_model <= cap["d_model"]
-             else {"d_model": cap["d_model"], "nhead": cap["nhead"]})
-    return dataclasses.replace(
-        cfg, **width, dropout=0.0, **{k: min(getattr(cfg, k), cap[k]) for k in
-                                      ("num_encoder_layers", "num_decoder_layers",
-                                       "dim_feedforward")})
 
 
 def trajectory(cfg, src_vocab_size, tgt_vocab_size, pad_id, train_batches, steps):

@@ -1,10 +1,14 @@
 """What every checklist measures with: the check batches, max_abs_diff, the loss, fused
-against math attention, and the tolerances by dtype."""
+against math attention, the tolerances by dtype, and the size and steps of the training
+trajectory (the twin check set trains it; every verify record gives them)."""
 
+import dataclasses
 import math
 
 import torch
 import torch.nn.functional as F
+
+from nmt.models.config import ModelConfig
 
 # bfloat16: float32 weights under bf16 autocast (what a GPU trains in). bf16 keeps 8 bits of
 # mantissa (rounding 2^-9 = 0.2% relative), so two correct models that round at other places
@@ -13,6 +17,10 @@ import torch.nn.functional as F
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10, torch.bfloat16: 1e-1}
 FUSED_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-1}
 CHECK_ROWS = 4  # sentences in the forward/attention/gradient check batches
+TRAJECTORY_STEPS = 30
+TRAJECTORY_ADAM = {"lr": 1e-4, "betas": (0.9, 0.98), "eps": 1e-9}  # the published optimizer
+TRAJECTORY_SIZE = {"num_encoder_layers": 2, "num_decoder_layers": 2, "d_model": 64, "nhead": 4,
+                   "dim_feedforward": 128}  # the largest: float64 training is slow on a CPU
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -55,3 +63,16 @@ def fused_math_diff(model, src, tgt) -> float:
         finally:
             model.set_fused_attention(True)
     return max_abs_diff(fused, math_path)
+
+
+def trajectory_model(cfg: ModelConfig) -> ModelConfig:
+    """The recipe's model, no larger than TRAJECTORY_SIZE in any dimension, without dropout:
+    a full-size recipe trains its trajectory at TRAJECTORY_SIZE, a smaller one at its own size
+    (d_model and nhead change together, so that nhead still divides d_model)."""
+    cap = TRAJECTORY_SIZE
+    width = ({"d_model": cfg.d_model, "nhead": cfg.nhead} if cfg.d_model <= cap["d_model"]
+             else {"d_model": cap["d_model"], "nhead": cap["nhead"]})
+    return dataclasses.replace(
+        cfg, **width, dropout=0.0, **{k: min(getattr(cfg, k), cap[k]) for k in
+                                      ("num_encoder_layers", "num_decoder_layers",
+                                       "dim_feedforward")})

@@ -7,9 +7,11 @@ checks for (nmt.models.registry: each entry's `checks`, check sets by name).
 - property checks (properties.py, "properties"; a model's own module, decoder_only.py): for
   every model with a check set that can be built with the configuration, always; a
   configuration without a twin (model.positions rotary) passes verify on its properties alone.
-A check set is the module of nmt.stages.verify of its name, with `checks(name, cfg,
-src_vocab_size, tgt_vocab_size, pad_id, batches, seed)` and, where the result's "config"
-records the model's sizes, `sizes(cfg, src_vocab_size, tgt_vocab_size)`.
+A check set is the module of nmt.stages.verify of its name, loaded by that name (so a verify
+job runs its own model's check sets only, nmt.pipeline.code.check_code), with `checks(name,
+cfg, src_vocab_size, tgt_vocab_size, pad_id, batches, seed)` (the twin check set:
+`twin_checks`) and, where the result's "config" records the model's sizes, `sizes(cfg,
+src_vocab_size, tgt_vocab_size)`.
 
 The result: {"passed", "checks": [{"name", "kind", "passed", "max_abs_diff", "tolerance",
 "seconds"}], "models": the models checked, "twin": whether the twin checks ran (None: no
@@ -27,13 +29,12 @@ import torch
 
 from nmt.models import ModelConfig, build_model
 from nmt.models.registry import MODELS, REFERENCE, TWIN_CHECKS, entry
-from nmt.stages.verify.equivalence import (
+from nmt.stages.verify.measure import (
     TRAJECTORY_ADAM,
     TRAJECTORY_STEPS,
+    check_batches,
     trajectory_model,
-    twin_checks,
 )
-from nmt.stages.verify.measure import check_batches
 
 TWIN = "torch.nn.Transformer expresses this configuration: scratch checked on shared weights"
 
@@ -107,8 +108,8 @@ def run_checks(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_i
             skipped[name] = why
             continue
         if name in twinned and no_twin is None:
-            twins, curves = twin_checks(cfg, vocab, pad_id, train_batches, tcfg, seed,
-                                        unpadded, padded)
+            twins, curves = check_set(TWIN_CHECKS).twin_checks(
+                cfg, vocab, pad_id, train_batches, tcfg, seed, unpadded, padded)
             checks += twins
         checks += model_checks(name, cfg, *vocab, pad_id, train_batches, seed)
     config = run_config(cfg, tcfg, vocab, pad_id, seed, unpadded, padded, checked)

@@ -1,0 +1,1 @@
+../../../src/nmt/models/baseline.py

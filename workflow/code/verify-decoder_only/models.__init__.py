@@ -1,0 +1,1 @@
+../../../src/nmt/models/__init__.py

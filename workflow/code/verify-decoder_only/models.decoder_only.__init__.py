@@ -1,0 +1,1 @@
+../../../src/nmt/models/decoder_only/__init__.py

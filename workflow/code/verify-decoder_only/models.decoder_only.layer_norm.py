@@ -1,0 +1,1 @@
+../../../src/nmt/models/decoder_only/layer_norm.py

@@ -1,0 +1,1 @@
+../../../src/nmt/stages/__init__.py

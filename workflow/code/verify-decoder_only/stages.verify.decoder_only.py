@@ -1,0 +1,1 @@
+../../../src/nmt/stages/verify/decoder_only.py

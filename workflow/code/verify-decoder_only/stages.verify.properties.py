@@ -1,0 +1,1 @@
+../../../src/nmt/stages/verify/properties.py

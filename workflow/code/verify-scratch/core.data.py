@@ -1,0 +1,1 @@
+../../../src/nmt/core/data.py

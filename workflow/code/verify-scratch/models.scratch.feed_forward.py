@@ -1,0 +1,1 @@
+../../../src/nmt/models/scratch/feed_forward.py

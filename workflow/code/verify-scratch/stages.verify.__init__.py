@@ -1,0 +1,1 @@
+../../../src/nmt/stages/verify/__init__.py
