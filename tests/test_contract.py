@@ -558,7 +558,9 @@ def test_a_changed_module_reruns_exactly_the_stages_that_run_it(dvc_run, snakema
     shutil.rmtree(dvc_run / ".dvc" / "tmp", ignore_errors=True)
 
 
-# A corpus kind the next test registers: the files kind under another name.
+# What the next test registers: a corpus kind (the files kind under another name, with its
+# schema and params.yaml default) and a model (an entry and a module; the schema's model names
+# come from the registry), each in the files a person adds or edits for it.
 TSV_KIND = '''"""A corpus kind: the files kind under another name."""
 
 from nmt.pipeline.corpora import files
@@ -572,46 +574,70 @@ SCHEMA_EDITS = [("corpus: {enum: [multi30k, files, huggingface]}\n",
                  "      tsv: {type: object}\n"),
                 ("required: [corpus, files, huggingface,",
                  "required: [corpus, files, huggingface, tsv,")]
+TOY_MODEL = {"src/nmt/models/toy.py": '"""A toy model."""\n\nimport torch.nn as nn\n\n\n'
+                                      "class Toy(nn.Module):\n    pass\n",
+             "src/nmt/models/entries/toy.py": (
+                 "from nmt.models.registry import ModelEntry\n\n"
+                 'ENTRY = ModelEntry("toy", order=3, model="nmt.models.toy:Toy", '
+                 'encoder_decoder=True, reads_bos=False, exports=False, '
+                 'param_count="nmt.models.toy:Toy", checks=())\n')}
 
 
-def test_registering_a_corpus_kind_reruns_no_data_stage_and_no_training(dvc_run, snakemake_run,
-                                                                       snakemake):
-    """A new kind (its module, the schema, its default in params.yaml, and `nmt stages
-    --write`) in a completed pipeline that reads another: under DVC the config stages (which
-    validate every section, the new default too) and the report (which declares the whole
-    data section) re-run, under Snakemake the report; no data stage, no verify, training,
-    evaluation or bench."""
+def add_corpus_kind(root: Path) -> None:
+    (root / "src/nmt/pipeline/corpora/tsv.py").write_text(TSV_KIND)
+    schema = (root / "workflow/schemas/params.schema.yaml").read_text()
+    for old, new in SCHEMA_EDITS:
+        assert old in schema, old
+        schema = schema.replace(old, new)
+    (root / "workflow/schemas/params.schema.yaml").write_text(schema)
+    edit_params(root / "params.yaml", data={"tsv": {}})
+
+
+def add_model(root: Path) -> None:
+    for rel, text in TOY_MODEL.items():
+        (root / rel).write_text(text)
+
+
+# (what is added, dvc status, snakemake -n): the config stages validate every section (the new
+# corpus default too), the report declares the whole data section, bench times every model
+# of the registry that pipeline.models lists but builds them all, and the report reads it.
+REGISTERED = [(add_corpus_kind, {"config@published", "config@tuned", "report"}, {"report"}),
+              (add_model, {"bench"}, {"bench", "report"})]
+
+
+@pytest.mark.parametrize("add, want_dvc, want_smk", REGISTERED, ids=["corpus kind", "model"])
+def test_registering_a_corpus_kind_or_model_reruns_no_data_stage_and_no_training(
+        dvc_run, snakemake_run, snakemake, add, want_dvc, want_smk):
+    """Issue 67's goal, in a completed pipeline that reads another kind and trains other
+    models: a new kind or model (its files, then `nmt stages --write`) re-runs no data stage,
+    no verify, training, evaluation or export."""
     roots = (dvc_run, snakemake_run)
     edited = ["workflow/schemas/params.schema.yaml", "params.yaml", "dvc.yaml",
               "workflow/rules/stages.smk", "docs/pipeline.md"]
     saved = {(root, rel): ((root / rel).read_bytes(), (root / rel).stat())
              for root in roots for rel in edited if (root / rel).is_file()}
     recipes = load_params(dvc_run / "params.yaml")["pipeline"]["recipes"]
-    record, kind = Record(dvc_run, snakemake_run), Path("src/nmt/pipeline/corpora/tsv.py")
+    added = [Path("src/nmt/pipeline/corpora/tsv.py"), *map(Path, TOY_MODEL)]
+    record = Record(dvc_run, snakemake_run)
     try:
         for root in roots:
-            (root / kind).write_text(TSV_KIND)
-            schema = (root / edited[0]).read_text()
-            for old, new in SCHEMA_EDITS:
-                assert old in schema, old
-                schema = schema.replace(old, new)
-            (root / edited[0]).write_text(schema)
-            edit_params(root / "params.yaml", data={"tsv": {}})
+            add(root)
             run(["nmt", "stages", "--write"], root)
-        assert "- data.tsv" in (dvc_run / "dvc.yaml").read_text()
         dry_run = start_dry_run(snakemake)
         resolve_recipes(dvc_run, dvc_run / "params.yaml", recipes)
         record.refresh()
         got_dvc = dvc_changed(dvc_run, config=True)
         got_smk = snakemake_jobs(snakemake, dry_run)
-        print(f"a new corpus kind: dvc status {sorted(got_dvc)}, snakemake -n {sorted(got_smk)}")
-        assert got_dvc == {f"config@{r}" for r in recipes} | {"report"}
-        assert got_smk == {"report"}
+        print(f"{add.__name__}: dvc status {sorted(got_dvc)}, snakemake -n {sorted(got_smk)}")
+        assert (got_dvc, got_smk) == (want_dvc, want_smk)
     finally:
         for root in roots:
-            (root / kind).unlink(missing_ok=True)
-            for cached in (root / kind.parent / "__pycache__").glob("tsv.*"):
-                cached.unlink()
+            for path in added:
+                (root / path).unlink(missing_ok=True)
+                for cached in (root / path.parent / "__pycache__").glob(f"{path.stem}.*"):
+                    cached.unlink()
+            shutil.rmtree(root / "workflow" / "code" / "toy", ignore_errors=True)
+            shutil.rmtree(root / "workflow" / "code" / "verify-toy", ignore_errors=True)
         for (root, rel), (data, st) in saved.items():
             (root / rel).write_bytes(data)
             os.utime(root / rel, ns=(st.st_atime_ns, st.st_mtime_ns))
