@@ -152,7 +152,7 @@ def assert_device_report(summary: dict, precision: str, compiled: bool) -> None:
     assert summary["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert set(summary["cpu_bf16"]) <= {"avx512_bf16", "amx_bf16"}
     assert summary["peak_memory_of"] == "process peak RSS" and summary["peak_memory_mb"] > 50
-    assert summary["tokens_per_second"] > 0
+    assert summary["tokens_per_second"] > 0 and summary["threads"] == torch.get_num_threads()
     assert ("compile_seconds" in summary) is compiled
 
 

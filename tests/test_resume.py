@@ -120,6 +120,22 @@ def test_signal_stops_after_the_step_and_keeps_a_state(setup, tmp_path, caplog, 
     assert seconds["wall"] > killed_wall  # both processes' time, not only the last one's
 
 
+def test_a_run_resumed_with_other_threads_says_so_and_records_both(setup, tmp_path, caplog):
+    """On a CPU the bits of a training depend on torch's thread count: a state written by a run
+    of 7 threads, resumed by this one-thread process, goes on with a warning, and train.json
+    records both counts."""
+    argv, proc = killed(setup, tmp_path, "step:14:TERM", "epochs")
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    state_file = RUN.dir(tmp_path / "results") / "resume.pt"
+    state = torch.load(state_file, weights_only=True)
+    assert state["threads"] == 1
+    torch.save({**state, "threads": 7}, state_file)
+    log = resume_in_process(argv, caplog)
+    assert "torch threads: the run began with 7 and goes on with 1, so its numbers differ" in log
+    summary = json.loads(RUN.files(tmp_path / "results").summary.read_text())
+    assert summary["threads"] == "7, then 1 from step 14"
+
+
 def test_other_settings_or_restart_set_the_state_aside(setup, tmp_path, caplog):
     argv, proc = killed(setup, tmp_path, "step:14:TERM", "epochs")
     run_dir = RUN.dir(tmp_path / "results")

@@ -180,7 +180,8 @@ def setup(settings: dict, paths: Paths, *, restart: bool = False) -> Trainer:
         train_batches=train_batches, valid_batches=valid_batches,
         valid_references=paths.tokenized / f"val.{settings['data']['target_lang']}.txt",
         tgt_codec=tgt_codec, attention_kernels=attention_kernels,
-        checkpoint_meta=checkpoint_meta, resume_key=resume_key, found=found)
+        threads=torch.get_num_threads(), checkpoint_meta=checkpoint_meta,
+        resume_key=resume_key, found=found)
     trainer.update = updater(model, config, device, precision=trainer.precision,
                              total_updates=trainer.total_updates, world=world,
                              compile_on=compile_on, graphs_on=graphs_on)

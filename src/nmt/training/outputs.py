@@ -105,16 +105,18 @@ def valid_bleu(trainer: Trainer) -> float | None:
 
 
 def machine_report(trainer: Trainer) -> dict:
-    """What a result needs to explain its speed and its digits: the device's name (on a CPU
-    also its instruction set, runtime.cpu_features), the precision, compile on/off and its
-    cost, the peak memory (runtime.peak_memory says what is measured). The
-    compile figures are dynamo's own (torch._dynamo.utils, not a public API): this process's
-    seconds compiling (forward and backward graphs, every recompile; a resumed run counts its
-    own) and the graphs compiled (1 when dynamic shapes cover every batch, more on a
-    recompile or a graph break). Epoch 1's seconds include the compile time."""
+    """What a result needs to explain its speed and its digits: the device's name (on a CPU also
+    its instruction set, runtime.cpu_features), the precision, compile on/off and its cost,
+    torch's threads (on a CPU the bits of a training depend on them), the peak memory
+    (runtime.peak_memory says what is measured). The compile figures are dynamo's own
+    (torch._dynamo.utils, not a public API): this process's seconds compiling (forward and
+    backward graphs, every recompile; a resumed run counts its own) and the graphs compiled
+    (1 when dynamic shapes cover every batch, more on a recompile or a graph break). Epoch
+    1's seconds include the compile time."""
     update = trainer.update
     report = {"device_name": device_name(trainer.device), **recorded(trainer.precisions),
-              "compile": update.compiled, "attention_kernels": trainer.attention_kernels}
+              "compile": update.compiled, "attention_kernels": trainer.attention_kernels,
+              "threads": trainer.threads}
     if trainer.device.type == "cpu":
         report |= cpu_features()
     if update.compile_failed:

@@ -17,6 +17,7 @@ Format (a dict):
     precisions      the run's precision choices at its start ({"train", "decode"}: a
                     precision.Choice as a dict), which a resumed run keeps
     attention_kernels  the kernels the run trained with (the route in force)
+    threads         torch's intra-op threads it trained with (on a CPU they change the bits)
     model, optimizer, scheduler    their state_dicts
     ranks           one dict a process (rank order): rng {torch (CPU), cuda (or None),
                     python (`random`)}, loss_sum, tokens and sums (of the updates' numbers:
@@ -162,6 +163,13 @@ def restore(trainer: Trainer, state: dict) -> Progress:
                     "records both)", began_with, trainer.attention_kernels)  # wrong kernel
         trainer.attention_kernels = (f"{began_with}, then {trainer.attention_kernels} from "
                                      f"step {progress.step}")
+    threads = state.get("threads", trainer.threads)
+    if threads != trainer.threads:  # kept as they are now: as many as this process may use
+        log.warning("torch threads: the run began with %s and goes on with %s, so its numbers "
+                    "differ from an uninterrupted run's in the last digits (train.json records "
+                    "both; `--threads %s` on a machine with that many cores resumes it "
+                    "exactly)", threads, trainer.threads, threads)
+        trainer.threads = f"{threads}, then {trainer.threads} from step {progress.step}"
     trainer.saved = progress.where(trainer)
     log.info("resuming from %s (batch %d of %d of the epoch), from %s", trainer.saved,
              progress.batch, len(trainer.plan(progress.epoch)), files.resume)
@@ -200,7 +208,8 @@ def save(trainer: Trainer, progress: Progress) -> None:
             "config_hash": config_hash(trainer.resume_key),
             # what the run took from the machine at its start, which a resumed run keeps
             "precisions": {kind: asdict(choice) for kind, choice in trainer.precisions.items()},
-            "attention_kernels": trainer.attention_kernels, **snapshot({
+            "attention_kernels": trainer.attention_kernels, "threads": trainer.threads,
+            **snapshot({
                 "model": update.model.state_dict(), "optimizer": update.optimizer.state_dict(),
                 "scheduler": update.scheduler.state_dict(), "ranks": ranks}),
             "progress": now})

@@ -67,6 +67,9 @@ class Trainer:
     last_save: float = field(default_factory=time.monotonic)
     validations: int = 0  # validation passes of this process (a fault point counts them)
     attention_kernels: str = "any"  # the kernels NMT_ATTENTION_KERNELS allows (runtime)
+    # torch's intra-op threads (--threads, at most the usable cores): on a CPU the bits of a
+    # training depend on them (a sum split over more threads adds in another order)
+    threads: int | str = 1
     writer: StateWriter = field(default_factory=StateWriter)  # rank 0's writes
     # This process's seconds outside the epochs, by phase (`spent`): start (from the process's
     # start until the loop begins), saving (the loop's time in resume.save), end (finish)
