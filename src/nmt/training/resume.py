@@ -157,23 +157,30 @@ def restore(trainer: Trainer, state: dict) -> Progress:
     mine = state["ranks"][world.rank]
     set_rng_state(mine["rng"], trainer.device)
     progress = Progress(**{**state["progress"], **{k: mine[k] for k in RANK_OWN}})
-    began_with = state.get("attention_kernels", trainer.attention_kernels)
-    if began_with != trainer.attention_kernels:  # kept as they are now: a route excludes a
-        log.warning("attention kernels: the run began with %s and goes on with %s (train.json "
-                    "records both)", began_with, trainer.attention_kernels)  # wrong kernel
-        trainer.attention_kernels = (f"{began_with}, then {trainer.attention_kernels} from "
-                                     f"step {progress.step}")
-    threads = state.get("threads", trainer.threads)
-    if threads != trainer.threads:  # kept as they are now: as many as this process may use
-        log.warning("torch threads: the run began with %s and goes on with %s, so its numbers "
-                    "differ from an uninterrupted run's in the last digits (train.json records "
-                    "both; `--threads %s` on a machine with that many cores resumes it "
-                    "exactly)", threads, trainer.threads, threads)
-        trainer.threads = f"{threads}, then {trainer.threads} from step {progress.step}"
+    # Kept as they are now, and both recorded: a route excludes a wrong kernel; a process
+    # takes as many threads as it may use.
+    trainer.attention_kernels = went_on("attention kernels", state.get("attention_kernels"),
+                                        trainer.attention_kernels, progress.step)
+    trainer.threads = went_on(
+        "torch threads", state.get("threads"), trainer.threads, progress.step,
+        ", so its numbers differ from an uninterrupted run's in the last digits",
+        f"; `--threads {state.get('threads')}` on a machine with that many cores resumes it "
+        "exactly")
     trainer.saved = progress.where(trainer)
     log.info("resuming from %s (batch %d of %d of the epoch), from %s", trainer.saved,
              progress.batch, len(trainer.plan(progress.epoch)), files.resume)
     return progress
+
+
+def went_on(what: str, began, now, step: int, consequence: str = "", fix: str = ""):
+    """What train.json records of a setting the run took from the machine: `now`, or, where
+    the resumed run began with another (a state written before it was recorded: None), both
+    ("7, then 1 from step 14"), with one warning."""
+    if began is None or began == now:
+        return now
+    log.warning("%s: the run began with %s and goes on with %s%s (train.json records both%s)",
+                what, began, now, consequence, fix)
+    return f"{began}, then {now} from step {step}"
 
 
 def rng_state(device: torch.device) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from nmt.pipeline.code import model_code, registered, shared_code
+from nmt.pipeline.code import registered, shared_code
 from nmt.pipeline.declaration.declared import (
     CODE,
     DECLARATION,
@@ -93,17 +93,17 @@ def links_prefix(stage: Stage) -> str:
     return f"{stage.name}-" if stage.runs_checks else ""
 
 
-def model_modules(path: Path = DECLARATION) -> dict[str, list[str]]:
+def model_modules(stages: dict[str, Stage], path: Path = DECLARATION) -> dict[str, list[str]]:
     """Each folder of links -> the modules a job of its model runs beyond the shared code:
-    <model> (nmt.pipeline.code.model_code), and <stage>-<model> for a stage whose jobs run
-    the model's check sets too (job_code): workflow/code/'s folders, and Snakemake's
-    MODEL_CODE."""
+    <model> (nmt.pipeline.code.model_code), and <stage>-<model> for a stage of `stages` (the
+    declaration at path, loaded) whose jobs run the model's check sets too (job_code):
+    workflow/code/'s folders, and Snakemake's MODEL_CODE."""
     src = Path(path).parent.parent / Path(CODE).parent
     shared = set(shared_code(src))
-    checking = [s for s in load(path).values() if s.runs_checks]
-    out = {model: sorted(set(model_code(model, src)) - shared) for model in registered(src)}
-    for stage in checking:
-        out |= {f"{links_prefix(stage)}{model}": sorted(set(job_code(model, src, True)) - shared)
+    out = {}
+    for prefix, checks in [("", False)] + [(links_prefix(s), True) for s in stages.values()
+                                          if s.runs_checks]:
+        out |= {f"{prefix}{model}": sorted(set(job_code(model, src, checks)) - shared)
                 for model in registered(src)}
     return out
 
@@ -112,4 +112,4 @@ def model_links(path: Path = DECLARATION) -> dict[Path, str]:
     """Every link of workflow/code/ (relative to the repository) -> what it points to,
     relative to its folder: one a module of each model (model_modules)."""
     return {MODEL_LINKS / model / module.replace("/", "."): f"../../../{CODE}/{module}"
-            for model, modules in model_modules(path).items() for module in modules}
+            for model, modules in model_modules(load(path), path).items() for module in modules}

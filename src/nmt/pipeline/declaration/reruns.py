@@ -40,9 +40,9 @@ class Jobs(NamedTuple):
 def rerun_by(stages: dict[str, Stage], src: Path) -> dict[str, tuple[Jobs, ...]]:
     """Every module file under src/nmt (as the code lists name it: core/files.py) -> the jobs
     an edit of it re-runs, in the declaration's order: every job of a stage whose code holds
-    the file; of a per-model stage, the jobs of
-    the models whose code holds it; of a stage that runs the corpus kind in use (through the
-    sources record: declared.kind_readers), where data.corpus is a kind whose code holds it."""
+    the file; of a per-model stage, the jobs of the models whose code holds it; of a stage that
+    runs the corpus kind in use (through the sources record: declared.kind_readers), where
+    data.corpus is a kind whose code holds it."""
     readers = kind_readers(stages)
     kinds = corpus_kinds(src)
     kind_modules = {kind: set(kind_code(kind, src)) for kind in kinds}

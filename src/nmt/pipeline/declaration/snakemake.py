@@ -248,7 +248,7 @@ def render_snakemake(path: Path = DECLARATION) -> str:
             "# model (train, evaluate, export) runs its own model's only; verify-<model>: and",
             "# its check sets (verify's jobs).",
             "MODEL_CODE = {"]
-    for model, modules in model_modules(path).items():
+    for model, modules in model_modules(stages, path).items():
         head += [f"    {quote(model)}: ["] + [f"        {item}," for item in code_items(modules)]
         head += ["    ],"]
     head += ["}"]
