@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
+from nmt.core.data import pad
 from nmt.core.decoding import (
     CHECK_EVERY,
     Beams,
@@ -221,3 +222,41 @@ def test_pairs_are_accepted_and_an_unknown_method_is_refused():
     assert translate_batches(model, pairs, dc) == translate_batches(model, srcs, dc)
     with pytest.raises(ValueError, match="unknown search method"):
         translate_batches(model, srcs, DecodeConfig(method="sample"))
+
+
+# A CPU has one device, so a tensor made without one (torch.arange(B) where
+# torch.arange(B, device=src.device) was meant) lands on the model's device here and goes
+# unseen until a GPU run fails. Two ways to show it on a CPU: torch's default device set to
+# `meta` (a device of shapes without values), so that a tensor made without a device is not
+# on the CPU model's; or the model on `meta`, so that a batch not moved to its device is not.
+MODELS = ("baseline", "scratch", "decoder_only")
+
+
+def seeded(name: str):
+    torch.manual_seed(0)
+    cfg = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
+                      dim_feedforward=64, dropout=0.1, max_len=64)
+    return build_model(name, cfg, SRC_V, TGT_V).eval()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_searches_make_every_tensor_on_the_models_device(name):
+    """Greedy and beam search of a CPU model give the same outputs with `meta` as the
+    default device: every tensor they (and the model's decoding steps) make is made on the
+    model's device."""
+    model, srcs = seeded(name), sources(7, seed=5)
+    src, lims = pad(srcs), torch.tensor(limits(srcs))
+    outputs = [greedy(model, src, lims), beam_search(model, src, 3, 0.6, lims)]
+    with torch.device("meta"):
+        assert [greedy(model, src, lims), beam_search(model, src, 3, 0.6, lims)] == outputs
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_translate_batches_moves_sources_and_limits_to_the_models_device(method):
+    """A model on `meta` decodes until its first value is read (which a meta tensor cannot
+    give): the sources and their limits reached its device. Left on the CPU, the first
+    operation that mixes them with the model's tensors would fail first."""
+    model = seeded("scratch").to("meta")
+    with pytest.raises(RuntimeError, match="cannot be called on meta tensors"):
+        translate_batches(model, sources(3), DecodeConfig(method=method, beam_size=2),
+                          progress=False)

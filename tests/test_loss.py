@@ -114,3 +114,13 @@ def test_dropout_is_off_and_the_mode_comes_back(pairs):
     assert dropping.training  # given back as it came
     assert corpus_loss(dropping, batches, CPU) == first  # no dropout mask drawn
     assert first == by_hand(dropping.eval(), batches)[0] / by_hand(dropping, batches)[1]
+
+
+def test_the_losses_are_summed_on_the_models_device(model, pairs):
+    """With `meta` as torch's default device, a sum made without a device (on a GPU: on the
+    CPU, beside a model on the GPU) is not on the model's: the corpus loss comes out the same."""
+    batches = [(pad(pairs[0][:2]), pad(pairs[1][:2])), (pad(pairs[0][2:]), pad(pairs[1][2:]))]
+    expected = corpus_loss(model, batches, CPU)
+    with torch.device("meta"):
+        assert corpus_loss(model, batches, CPU) == expected
+

@@ -596,6 +596,23 @@ def test_dropout_only_in_train_mode(name):
         assert torch.equal(model(src, tgt), model(src, tgt))
 
 
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_a_training_forward_makes_every_tensor_on_the_models_device(name):
+    """With `meta` as torch's default device, a tensor made without a device (a mask, the
+    positions, a dropout mask) is not on the CPU model's, and the forward fails, as it would
+    on a GPU: the same seeded forward and backward give the same loss and gradients."""
+    src, tgt = padded_batch()
+    runs = []
+    for default in ("cpu", "meta"):
+        model = model_named(name, torch.float32).train()
+        torch.manual_seed(1)
+        with torch.device(default):
+            loss = model(src, tgt).logsumexp(-1).sum()
+            loss.backward()
+        runs.append([loss, *(p.grad for p in model.parameters())])
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
 def test_models_stand_alone():
     """nmt.models imports nothing else of nmt: with every other nmt module blocked, it builds
     and runs all three models (what a notebook lifting models/ out of the pipeline does)."""

@@ -708,6 +708,24 @@ def test_mutate_places_a_mutation_on_its_line():
         == "nmt.core.loss.token_loss"
 
 
+def test_an_exclusion_no_surviving_mutant_needs_is_named():
+    """An entry of tests/mutation_equivalent.yaml whose mutant a test kills now is listed for
+    deletion, but only where its module ran (a run of one module says nothing of the rest);
+    the model interface's protocol stubs are not mutated (a mutant breaks isinstance)."""
+    mutate = load_mutate()
+    known = {("nmt.core.loss.corpus_loss", "a", "b"): ("equivalent", "why"),
+             ("nmt.core.loss.corpus_loss", "c", "d"): ("GPU only", "why"),
+             ("nmt.core.stats.aggregate", "e", "f"): ("equivalent", "why")}
+    used = {("nmt.core.loss.corpus_loss", "a", "b")}
+    assert mutate.unneeded(known, used, {"nmt.core.loss"}) == [
+        ("nmt.core.loss.corpus_loss", "c", "d")]
+    assert mutate.unneeded(known, used, {"nmt.core.lo"}) == []  # a module's name, whole
+    assert mutate.module_of(Path("src/nmt/models/__init__.py")) == "nmt.models"
+    paths = mutate.mutated_paths()
+    assert Path("src/nmt/models/interface.py") not in paths
+    assert Path("src/nmt/models/masks.py") in paths
+
+
 def test_every_equivalent_mutant_is_a_line_of_the_code_with_a_reason():
     """tests/mutation_equivalent.yaml stays true to the code: each entry names a function of a
     module make mutate mutates, its `before` is that function's text, and it says why (and,

@@ -50,6 +50,7 @@ COLUMNS = ("mutants", "killed", "survived", "untested", "timeout", "equivalent",
 KINDS = {"equivalent": "equivalent", "gpu": "GPU only", "ddp": "DDP only"}
 APART = tuple(column for column in KINDS.values() if column != "equivalent")  # listed apart
 SECTION = "## GPU or DDP only"
+STALE = "## Exclusions no mutant needs"
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,12 @@ class Mutant:
 
 
 def mutated_paths() -> list[Path]:
-    """The source files pyproject.toml's [tool.mutmut] only_mutate names, in order."""
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"]
+    """The source files pyproject.toml's [tool.mutmut] only_mutate names and do_not_mutate
+    does not, in order."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
     files = sorted(p.relative_to(ROOT) for p in (ROOT / "src").rglob("*.py"))
-    return [f for f in files if any(fnmatch(str(f), pattern) for pattern in patterns)]
+    return [f for f in files if any(fnmatch(str(f), pattern) for pattern in config["only_mutate"])
+            and not any(fnmatch(str(f), pattern) for pattern in config.get("do_not_mutate", []))]
 
 
 def run_mutmut(module: str | None) -> float:
@@ -162,10 +165,14 @@ def summary(minutes: float | None) -> str:
     written = SUMMARY.read_text().splitlines() if SUMMARY.exists() else []  # for earlier()
     rows, survivors, apart = [], [], []
     totals: Counter = Counter()
+    ran, used = set(), set()  # the modules this checkout's mutants/ ran; the entries they used
     for path in mutated_paths():
         mutants = mutants_of(path)
         status = {m: known.get((m.function, m.before, m.after), (m.verdict, ""))[0]
                   if m.verdict in ALIVE else m.verdict for m in mutants}
+        used |= {(m.function, m.before, m.after) for m in mutants if m.verdict in ALIVE}
+        if any(m.verdict != "not run" for m in mutants):
+            ran.add(module_of(path))
         count = Counter(status.values()) + Counter(mutants=len(mutants))
         found = [survivor_line(m) for m in mutants if status[m] in ALIVE]
         unreachable = [survivor_line(m, f"{status[m]}: " + known[m.function, m.before,
@@ -197,7 +204,28 @@ def summary(minutes: float | None) -> str:
               "(kind ddp: DistributedDataParallel's ranks, which tests/test_distributed.py "
               "runs as processes that no mutant reaches). No test here can kill them.", "",
               *apart]
+    stale = unneeded(known, used, ran)
+    if stale:
+        lines += ["", f"{STALE} ({len(stale)})", "",
+                  "Entries of tests/mutation_equivalent.yaml that no surviving mutant of a "
+                  "module this run tested matches: a test kills the mutant now, or the code no "
+                  "longer makes it. Delete them.", "",
+                  *(f"- {function}: `{before}` -> `{after}`" for function, before, after in stale)]
     return "\n".join(lines) + "\n"
+
+
+def unneeded(known: dict, used: set, ran: set[str]) -> list[tuple[str, str, str]]:
+    """The entries (function, before, after) of tests/mutation_equivalent.yaml that no alive
+    mutant matched (`used`), among the modules this run tested (`ran`): each one's mutant is
+    killed now, or no longer made."""
+    return [key for key in known if key not in used
+            and any(key[0].startswith(module + ".") for module in ran)]
+
+
+def module_of(path: Path) -> str:
+    """src/nmt/core/stats.py -> nmt.core.stats (a package's __init__.py: the package)."""
+    parts = path.relative_to("src").with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def survivor_line(m: Mutant, why: str = "") -> str:
@@ -241,7 +269,12 @@ def main() -> None:
     os.chdir(ROOT)  # mutmut reads pyproject.toml and writes mutants/ in the current folder
     minutes = None if args.summary else run_mutmut(args.module)
     SUMMARY.write_text(summary(minutes))
-    print(SUMMARY.read_text().split("## Survivors")[0].rstrip())
+    text = SUMMARY.read_text()
+    print(text.split("## Survivors")[0].rstrip())
+    if STALE in text:
+        print(f"\nmutate: {text.split(STALE)[1].split(')')[0].strip(' (')} entries of "
+              f"{EQUIVALENT.relative_to(ROOT)} match no surviving mutant: "
+              f"docs/mutation.md lists them under '{STALE[3:]}'")
     print(f"\nmutate: the summary and the survivors are in {SUMMARY.relative_to(ROOT)}")
 
 

@@ -16,9 +16,10 @@ import torch.nn as nn
 
 def keep_mask(shape: torch.Size, keep: float) -> torch.Tensor:
     """A bool mask of `shape`, each element True with probability `keep` (to 1/65536): every
-    64-bit draw is cut into four 16-bit lanes, each uniform over [-32768, 32768)."""
+    64-bit draw is cut into four 16-bit lanes, each uniform over [-32768, 32768). Drawn on the
+    CPU, the only device Dropout draws it for, whatever torch's default device."""
     n = math.prod(shape)
-    draws = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)
+    draws = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device="cpu")
     lanes = draws.view(torch.int16)[:n].view(shape)
     return lanes < round(keep * 65536) - 32768
 
