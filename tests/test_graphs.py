@@ -31,7 +31,7 @@ from nmt.core.codecs import PAD_ID
 from nmt.core.runs import Run
 from nmt.training.graphs import GraphedUpdates, resolve_cuda_graphs, resolve_pad_multiple
 from nmt.training.loop import setup, train
-from nmt.training.step import graph_body, lr_factor, updater
+from nmt.training.step import lr_factor, updater
 from train_helpers import params_file, tiny_data, tiny_params, train_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -70,24 +70,26 @@ def graphed_updater(*args, **kwargs):
 
 def trainer_for(data, model: str, tmp_path, dropout: float = 0.1, graphs: bool = False,
                 **train):
-    """A tiny run's Trainer that updates with graphed_updater's Adam; with `graphs`, through
-    GraphedUpdates too (on a CPU their first capture fails)."""
+    """A tiny run's Trainer whose update step.updater built with train.cuda_graphs on: the
+    Adam the graphs replay and their GraphedUpdates, kept as `trainer.graphs`; updates go
+    eagerly unless `graphs` (then through the GraphedUpdates, whose first capture fails on a
+    CPU)."""
     settings = tiny_params(clip_grad_norm=0.5, label_smoothing=0.1, warmup_steps=2, **train)
     settings["model"]["dropout"] = dropout
     trainer = setup(settings, train_paths(data, tmp_path, Run("published", model, 0)))
-    trainer.update = graphed_updater(trainer.model, trainer.config, trainer.device,
-                                     precision=trainer.precision,
-                                     total_updates=trainer.total_updates)
-    if graphs:
-        trainer.update.graphs = GraphedUpdates(body(trainer), trainer.update.optimizer,
-                                               trainer.device)
+    with torch.device("meta"):  # what it makes without a device is not on the model's
+        trainer.update = updater(trainer.model, trainer.config, trainer.device,
+                                 precision=trainer.precision,
+                                 total_updates=trainer.total_updates, graphs_on=True)
+    trainer.graphs = trainer.update.graphs
+    if not graphs:
+        trainer.update.graphs = None
     return trainer
 
 
 def body(trainer):
-    """The update a graph of the trainer records."""
-    update = trainer.update
-    return graph_body(update.model, update.optimizer, update.device, update.config)
+    """The update the trainer's graphs record (step.graph_body, as step.updater gave it)."""
+    return trainer.graphs.body
 
 
 def batches(trainer, n: int):
@@ -101,15 +103,21 @@ def tokens(tgt: torch.Tensor) -> int:
 @pytest.mark.parametrize("model", MODELS)
 def test_the_captured_update_is_the_eager_update(data, tmp_path, model):
     """Three updates through graph_body (gradients set to None first, lr schedule stepped
-    after, as nmt.training.graphs replays them) leave the weights update() leaves, bit for bit."""
+    after, as nmt.training.graphs replays them) leave the weights update() leaves, bit for bit.
+    Both run with `meta` as torch's default device: a tensor either makes without a device
+    (the lr Adam replays, the summed loss) would not be on the model's, as on a GPU."""
     eager = trainer_for(data, model, tmp_path / "eager", dropout=0.0)
     graphed = trainer_for(data, model, tmp_path / "graphed", dropout=0.0)
-    recorded = body(graphed)
-    for src, tgt in batches(eager, 3):
-        eager.update([(src, tgt, True)])
-        graphed.update.optimizer.zero_grad(set_to_none=True)
-        recorded(src, tgt, torch.tensor(float(tokens(tgt)), dtype=torch.float64))
-        graphed.update.scheduler.step()
+    recorded, update = body(graphed), graphed.update
+    assert graphed.graphs.optimizer is update.optimizer and graphed.graphs.device == update.device
+    with torch.device("meta"):
+        for src, tgt in batches(eager, 3):
+            updated = eager.update([(src, tgt, True)])
+            update.optimizer.zero_grad(set_to_none=True)
+            loss, _ = recorded(src, tgt, torch.tensor(float(tokens(tgt)), dtype=torch.float64,
+                                                      device="cpu"))
+            update.scheduler.step()
+            assert float(updated.loss_sum) == float(loss) and updated.tokens == tokens(tgt)
     weights = eager.model.state_dict()
     for name, value in graphed.model.state_dict().items():
         assert torch.equal(value, weights[name]), name
@@ -186,7 +194,8 @@ def test_a_failed_capture_updates_eagerly_and_says_why(data, tmp_path, caplog):
         failing.update([(src, tgt, True)])
     assert failing.update.graphs is None and "accelerator" in failing.update.graphs_failed
     warnings = [r.getMessage() for r in caplog.records if "CUDA graph" in r.getMessage()]
-    assert len(warnings) == 1 and "updating eagerly from here" in warnings[0]
+    assert warnings == [f"a CUDA graph capture failed ({failing.update.graphs_failed}): "
+                        "updating eagerly from here"]
     weights = eager.model.state_dict()
     for name, value in failing.model.state_dict().items():
         assert torch.equal(value, weights[name]), name

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,6 +121,18 @@ def test_models_come_in_the_registrys_order_the_reference_first():
     with pytest.raises(ValueError, match="unknown model 'no_such_model'"):
         registry.in_order(["no_such_model"])
     assert set(registry.exportable()) <= {n for n in MODEL_NAMES if MODELS[n].encoder_decoder}
+
+
+def test_the_registry_finds_each_entry_module_and_orders_the_models():
+    """discovered() (run once, at import, to fill MODELS; called again here, where a mutant of
+    it can be seen): one entry a module of nmt/models/entries, named as the module, in the
+    entries' `order`."""
+    found = registry.discovered()
+    modules = Path(registry.__file__).parent / "entries"
+    assert set(found) == {p.stem for p in modules.glob("*.py")} - {"__init__"} == set(MODELS)
+    assert list(found) == list(MODELS) and found == MODELS
+    assert [entry.order for entry in found.values()] == sorted(e.order for e in found.values())
+    assert all(name == entry.name for name, entry in found.items())
 
 
 @pytest.mark.parametrize("name", TAKES_REFERENCE)

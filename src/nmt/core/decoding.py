@@ -59,7 +59,8 @@ def _strip(rows: torch.Tensor) -> list[list[int]]:
 
 
 def greedy(model, src: torch.Tensor, max_len) -> list[list[int]]:
-    """The most probable next token at every step. max_len: int or (B,) limits."""
+    """The most probable next token at every step. max_len: an int, or (B,) limits (a list
+    or a tensor)."""
     with torch.inference_mode():
         B, device = src.size(0), src.device
         limit = torch.as_tensor(max_len, device=device).expand(B)
@@ -117,7 +118,8 @@ def reachable(s: Beams, length_penalty: float) -> torch.Tensor:
 
 def beam_search(model, src: torch.Tensor, beam_size: int, length_penalty: float,
                 max_len) -> list[list[int]]:
-    """The best finished hypothesis of a K-beam search per sentence. max_len: int or (B,)."""
+    """The best finished hypothesis of a K-beam search per sentence. max_len: an int, or (B,)
+    limits (a list or a tensor)."""
     with torch.inference_mode():
         B, K, device = src.size(0), beam_size, src.device
         limit = torch.as_tensor(max_len, device=device).expand(B)
@@ -236,9 +238,9 @@ def translate_batches(model, sources, dc: DecodeConfig, desc: str = "",
               disable=not progress) as bar, memory_fix(dc.shrink()):
         for idx in length_batches(sources, dc.batch_size):
             src = pad([sources[i] for i in idx]).to(device)
+            # a list: the searches make it a tensor on the sources' device
             limits = output_limits([len(sources[i]) - 2 for i in idx], dc.max_len_a,
                                    dc.max_len_b, dc.cap)
-            limits = torch.tensor(limits, device=device)
             if dc.method == "greedy":
                 hyps = greedy(model, src, limits)
             else:

@@ -168,7 +168,7 @@ class Updater:
         # One process keeps the divisor on the CPU (a CUDA kernel takes it as a number): a
         # device tensor made from it would copy from pageable memory, which waits for the GPU
         # to finish the last update, and the CPU could no longer queue this one ahead of it.
-        total = torch.tensor(float(local), dtype=torch.float64)
+        total = torch.tensor(float(local), dtype=torch.float64, device="cpu")
         if world.group:
             total = world.sum(total.to(device))
         self.optimizer.zero_grad(set_to_none=True)
