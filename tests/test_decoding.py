@@ -18,17 +18,21 @@ from nmt.core.decoding import (
     reachable,
     translate_batches,
 )
-from nmt.models import ModelConfig, build_model
+from nmt.models import ModelConfig, build_model, registry
 
 SRC_V, TGT_V = 40, 14  # a small target vocabulary: <eos> competes, ends come at many lengths
 A, B = 1.0, 3
 
 
-def tiny_model(name: str, seed: int = 0):
+def seeded(name: str, seed: int = 0):
     torch.manual_seed(seed)
     cfg = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
                       dim_feedforward=64, dropout=0.1, max_len=64)
-    model = build_model(name, cfg, SRC_V, TGT_V).eval()
+    return build_model(name, cfg, SRC_V, TGT_V).eval()
+
+
+def tiny_model(name: str, seed: int = 0):
+    model = seeded(name, seed)
     with torch.no_grad():
         model.generator.bias[EOS_ID] += 1.5  # some hypotheses end early, others at the limit
     return model
@@ -229,17 +233,7 @@ def test_pairs_are_accepted_and_an_unknown_method_is_refused():
 # unseen until a GPU run fails. Two ways to show it on a CPU: torch's default device set to
 # `meta` (a device of shapes without values), so that a tensor made without a device is not
 # on the CPU model's; or the model on `meta`, so that a batch not moved to its device is not.
-MODELS = ("baseline", "scratch", "decoder_only")
-
-
-def seeded(name: str):
-    torch.manual_seed(0)
-    cfg = ModelConfig(num_encoder_layers=2, num_decoder_layers=2, d_model=32, nhead=4,
-                      dim_feedforward=64, dropout=0.1, max_len=64)
-    return build_model(name, cfg, SRC_V, TGT_V).eval()
-
-
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", registry.names())
 def test_the_searches_make_every_tensor_on_the_models_device(name):
     """Greedy and beam search of a CPU model give the same outputs with `meta` as the
     default device: every tensor they (and the model's decoding steps) make is made on the

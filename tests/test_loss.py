@@ -123,4 +123,3 @@ def test_the_losses_are_summed_on_the_models_device(model, pairs):
     expected = corpus_loss(model, batches, CPU)
     with torch.device("meta"):
         assert corpus_loss(model, batches, CPU) == expected
-

@@ -92,7 +92,7 @@ def run_mutmut(module: str | None) -> float:
         if path not in paths:
             sys.exit(f"mutate: {module} is not a module [tool.mutmut] only_mutate names "
                      f"(pyproject.toml): {', '.join(map(str, paths))}")
-        names = [".".join(path.relative_to("src").with_suffix("").parts) + ".*"]
+        names = [module_of(path) + ".*"]
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=ROOT, check=True)
     return (time.monotonic() - start) / 60
@@ -271,10 +271,9 @@ def main() -> None:
     SUMMARY.write_text(summary(minutes))
     text = SUMMARY.read_text()
     print(text.split("## Survivors")[0].rstrip())
-    if STALE in text:
-        print(f"\nmutate: {text.split(STALE)[1].split(')')[0].strip(' (')} entries of "
-              f"{EQUIVALENT.relative_to(ROOT)} match no surviving mutant: "
-              f"docs/mutation.md lists them under '{STALE[3:]}'")
+    for heading in (line for line in text.splitlines() if line.startswith(STALE)):
+        print(f"\nmutate: {EQUIVALENT.relative_to(ROOT)} holds entries no surviving mutant "
+              f"needs, listed in {SUMMARY.relative_to(ROOT)} under '{heading[3:]}'")
     print(f"\nmutate: the summary and the survivors are in {SUMMARY.relative_to(ROOT)}")
 
 
