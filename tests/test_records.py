@@ -115,6 +115,7 @@ def flip_a_weight(path: Path, dest: Path) -> Path:
         start = member.header_offset + 30 + len(member.filename.encode()) + len(member.extra)
     data = bytearray(path.read_bytes())
     data[start + member.file_size // 2] ^= 0x10
+    dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(bytes(data))
     return dest
 
@@ -127,6 +128,11 @@ def test_a_flipped_weight_fails_the_checkpoints_crc(tmp_path):
                                        r"the CRC-32 check the archive recorded \(fix: re-run"):
         read(bad)
     read(tmp_path / "best.pt")  # the intact file still loads
+    # In a run's folder, the fix names the DVC stage that trains that run again.
+    in_run = flip_a_weight(tmp_path / "best.pt", tmp_path / "tuned-scratch-s2" / "best.pt")
+    with pytest.raises(NmtError, match=r"\(fix: `dvc repro -f -s train@tuned-scratch-2`, or "
+                                       r"delete it and run snakemake again\)$"):
+        read(in_run)
     state, why = resume.read(bad)
     assert state is None and "fails the CRC-32 check" in why
 

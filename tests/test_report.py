@@ -5,6 +5,7 @@ import gzip
 import itertools
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -255,6 +256,37 @@ def test_head_answers_with_numbers(full):
     assert f"BLEU (beam): {s.bleu:.2f} against {b.bleu:.2f}; Welch t-test over the seeds: " \
         "scratch - baseline:" in head
     assert "The best system on" in head
+
+
+SNAPSHOT = Path(__file__).parent / "snapshots" / "report_answer.md"
+
+
+def test_the_answer_and_its_tables_read_word_for_word_as_the_snapshot(full):
+    """The answer, the results tables and the statistics (stages/report/answer.py) of the
+    `full` tree, whole: a word, a digit, a blank line or an order that changes fails here.
+    After a change meant to alter the report, read the diff and rewrite the snapshot with
+    NMT_UPDATE_SNAPSHOTS=1 pytest tests/test_report.py -k snapshot."""
+    text, _, _ = full
+    # sacreBLEU's version is in its signatures: the pin's, not what the snapshot tests
+    answer = re.sub(r"version:[\d.]+", "version:*",
+                    text[:text.index("## Against the published reference")])
+    if os.environ.get("NMT_UPDATE_SNAPSHOTS") == "1":
+        write_text(SNAPSHOT, answer)
+    assert answer == SNAPSHOT.read_text("utf-8")
+
+
+def test_the_headline_is_the_published_recipe_wherever_it_is_listed(tmp_path, mirror):
+    """One seed a model: the headline's BLEU test is the paired bootstrap of seed 0, and the
+    title names the corpus the params give (here a Hugging Face dataset's path)."""
+    params, paths = fake_tree(tmp_path, mirror, ["tuned", "published"], ["baseline", "scratch"],
+                              [0], [T16])
+    params["data"] |= {"corpus": "huggingface", "huggingface": {"path": "wmt/wmt14"}}
+    rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
+                               paths["reports"]))
+    title, _, first = (paths["reports"] / "report.md").read_text("utf-8").split("\n")[:3]
+    assert title == "# Transformer from scratch vs torch.nn.Transformer: wmt/wmt14 de→en"
+    assert first.startswith(f"**Verdict on {T16}, `published` recipe, 1 seed a model:"), first
+    assert "; paired bootstrap of seed 0's outputs: scratch - baseline: " in first, first
 
 
 @pytest.mark.parametrize("outcome", ["equivalent", "different", "undecided", "one seed"])

@@ -7,12 +7,14 @@ Latin-1 bytes, a real `python -m nmt` process for bytes in argv.
 import io
 import json
 import os
+import pickle
 import random
 import select
 import shutil
 import subprocess
 import sys
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ import torch
 import nmt
 from conftest import REPO
 from nmt.cli import main
-from nmt.core.checkpoint import check_vocab, load, load_trained, save, vocab_fingerprint
+from nmt.core.checkpoint import FIELDS, check_vocab, load, load_trained, save, vocab_fingerprint
 from nmt.core.codecs import load_codecs
 from nmt.core.errors import NmtError
 from nmt.core.records import RECORD
@@ -36,13 +38,14 @@ FIX = "(fix: re-run nmt train for that run, or point --checkpoint at a best.pt)"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def save_tiny(path, sizes=(40, 50), name="scratch", recipe="word", init=0, **extra):
+def save_tiny(path, sizes=(40, 50), name="scratch", recipe="word", init=0, params=None,
+              **extra):
     """A randomly initialised tiny model saved the way nmt train saves one; returns the model."""
     torch.manual_seed(init)
     model = build_model(name, TINY, *sizes)
     evaluate = load_params(PARAMS)["evaluate"] | {"beam_size": 1, "batch_size": 8}
     save(path, model, name=name, recipe=recipe, cfg=TINY, src_vocab_size=sizes[0],
-         tgt_vocab_size=sizes[1], params={"evaluate": evaluate}, **extra)
+         tgt_vocab_size=sizes[1], params=params or {"evaluate": evaluate}, **extra)
     return model
 
 
@@ -155,6 +158,141 @@ def test_weights_that_do_not_fit_the_model_config_are_named(tmp_path):
     with pytest.raises(NmtError, match="unknown model 'lstm'"):
         load(tmp_path / "name.pt")
     assert load(tmp_path / "best.pt")[1]["model"] == "scratch"  # the untouched one loads
+
+
+def test_each_reason_a_checkpoint_is_unreadable_is_named_exactly(tmp_path):
+    """The words in the parentheses, whole: torch's first sentence, cut to 120 characters,
+    never its traceback or advice; a bare exception by its type."""
+    from nmt.core.checkpoint import _why_unreadable
+    save_tiny(tmp_path / "best.pt")
+    good, zip_head = tmp_path / "best.pt", b"PK\x03\x04"
+    long = "x" * 130
+    cases = [(b"\x80\x02", ValueError("any"), "not a PyTorch zip archive"),
+             (zip_head, pickle.UnpicklingError("Weights only load failed. Use weights_only=False"),
+              "it holds Python objects, not only tensors and plain data"),
+             (zip_head, RuntimeError("  first sentence. second one\nline two. more  "),
+              "RuntimeError: first sentence"),
+             (zip_head, RuntimeError(long + ". tail"), "RuntimeError: " + "x" * 120),
+             (zip_head, KeyError(), "KeyError")]
+    for head, error, why in cases:
+        assert _why_unreadable(good, head, error) == why
+    half = tmp_path / "half.pt"
+    half.write_bytes(good.read_bytes()[:300])
+    assert _why_unreadable(half, zip_head, RuntimeError("x")) == ("a truncated or damaged zip "
+                                                                 "archive")
+    whole = WHY | {
+        "a zip of something else":
+            'RuntimeError: Expected hasRecord("version") to be true, but got false',
+        "a pickle of Python objects": "it holds Python objects, not only tensors and plain data",
+        "a bare state_dict": "no " + ", ".join(FIELDS)}
+    for case, why in whole.items():
+        (tmp_path / "bad.pt").write_bytes(DAMAGED[case](good.read_bytes()))
+        with pytest.raises(NmtError) as err:
+            load(tmp_path / "bad.pt")
+        assert str(err.value) == (f"{tmp_path / 'bad.pt'} is not a checkpoint written by nmt "
+                                  f"train ({why}) {FIX}")
+
+
+def test_a_pickle_is_refused_even_where_the_environment_allows_pickles(tmp_path, monkeypatch):
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 turns torch.load's default to full unpickling
+    (arbitrary code); read asks for weights_only itself, so the variable changes nothing."""
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    (tmp_path / "best.pt").write_bytes(torch_bytes({"model": io.BytesIO}))
+    with pytest.raises(NmtError, match=r"\(it holds Python objects, not only tensors"):
+        load(tmp_path / "best.pt")
+
+
+def as_if_saved_on_a_gpu(good: bytes) -> bytes:
+    """The same archive with each tensor's recorded device cpu -> cuda:0, as a checkpoint
+    trained on a GPU records it (torch.save's pickle spells the location as a BINUNICODE)."""
+    src, out = zipfile.ZipFile(io.BytesIO(good)), io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("/data.pkl"):
+                assert b"X\x03\x00\x00\x00cpu" in data
+                data = data.replace(b"X\x03\x00\x00\x00cpu", b"X\x06\x00\x00\x00cuda:0")
+            dst.writestr(info.filename, data)
+    return out.getvalue()
+
+
+def test_a_checkpoint_trained_on_a_gpu_loads_on_a_machine_without_one(tmp_path):
+    model = save_tiny(tmp_path / "best.pt")
+    (tmp_path / "gpu.pt").write_bytes(as_if_saved_on_a_gpu((tmp_path / "best.pt").read_bytes()))
+    if not torch.cuda.is_available():  # what read's map_location spares a CPU-only machine
+        with pytest.raises(RuntimeError, match="on a CUDA device"):
+            torch.load(tmp_path / "gpu.pt", weights_only=True)
+    loaded, _ = load(tmp_path / "gpu.pt")
+    for name, weight in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], weight), name
+
+
+def test_a_field_of_the_wrong_type_is_named(tmp_path):
+    save_tiny(tmp_path / "best.pt")
+    ckpt = torch.load(tmp_path / "best.pt", weights_only=True)
+    (tmp_path / "bad.pt").write_bytes(torch_bytes(ckpt | {"recipe": 3, "src_vocab_size": "40"}))
+    with pytest.raises(NmtError) as err:
+        load(tmp_path / "bad.pt")
+    assert str(err.value) == (f"{tmp_path / 'bad.pt'} is not a checkpoint written by nmt train "
+                              f"(recipe, src_vocab_size of the wrong type) {FIX}")
+
+
+def test_weights_that_are_missing_extra_or_not_tensors_are_named_exactly(tmp_path):
+    """build's messages whole: the counts, the first two names, the shape or type found."""
+    save_tiny(tmp_path / "best.pt")
+    ckpt = torch.load(tmp_path / "best.pt", weights_only=True)
+    weights = ckpt["state_dict"]
+    names = sorted(weights)
+
+    def refusal(state_dict) -> str:
+        (tmp_path / "bad.pt").write_bytes(torch_bytes(ckpt | {"state_dict": state_dict}))
+        with pytest.raises(NmtError) as err:
+            load(tmp_path / "bad.pt")
+        head = f"{tmp_path / 'bad.pt'} is not a checkpoint written by nmt train ("
+        assert str(err.value).startswith(head) and str(err.value).endswith(f") {FIX}")
+        return str(err.value)[len(head):-len(FIX) - 2]
+
+    three_gone = {k: v for k, v in weights.items() if k not in names[:3]}
+    assert refusal(three_gone) == (f"3 weights missing and 0 unexpected for a scratch model, "
+                                   f"e.g. {names[0]}, {names[1]}")
+    extra = weights | {"zz.extra": torch.zeros(1)}
+    assert refusal(extra) == "0 weights missing and 1 unexpected for a scratch model, e.g. zz.extra"
+    listed = weights | {names[0]: [1.0, 2.0]}
+    assert refusal(listed).startswith(f"weight {names[0]} is a list, the model_config needs (")
+    sparse = weights | {names[0]: torch.zeros_like(weights[names[0]]).to_sparse()}
+    assert refusal(sparse) == ("its weights do not load: Error(s) in loading state_dict for "
+                               f"{type(build_model('scratch', TINY, 40, 50)).__name__}:")
+
+
+def test_load_puts_the_model_on_the_device_asked_for(tmp_path):
+    save_tiny(tmp_path / "best.pt")
+    model, _ = load(tmp_path / "best.pt", "meta")
+    assert {p.device.type for p in model.parameters()} == {"meta"} and not model.training
+
+
+def test_a_checkpoint_trained_with_other_settings_is_refused_in_process(tmp_path):
+    """check_trained_with as evaluate calls it: every differing key named, in both sections;
+    a train key only one side has counts (a setting added or dropped since)."""
+    params = load_params(PARAMS)
+    train = {"epochs": 3, "lr": 1e-3, "device": "cuda", "precision": "bf16"}
+    save_tiny(tmp_path / "best.pt", recipe="word", seed=0,
+              params={"evaluate": params["evaluate"], "train": train})
+    run = Run("word", "scratch", 0)
+    same = {"model": asdict(TINY), "train": train | {"attention_kernels": "route",
+                                                      "device": "cpu", "precision": "fp32"}}
+    assert load(tmp_path / "best.pt", expect=run, settings=same)[1]["recipe"] == "word"
+    other = {"model": asdict(TINY) | {"d_model": 32}, "train": same["train"] | {"lr": 2e-3,
+                                                                              "warmup": 10}}
+    for opened in (lambda: load(tmp_path / "best.pt", expect=run, settings=other),
+                   lambda: load_trained(tmp_path / "best.pt", tmp_path, expect=run,
+                                        settings=other)):
+        with pytest.raises(NmtError) as err:
+            opened()
+        assert str(err.value) == (
+            f"{tmp_path / 'best.pt'} was trained with other settings than recipe word has now: "
+            "model.d_model (trained 16, now 32), train.lr (trained 0.001, now 0.002), "
+            "train.warmup (trained None, now 10) (fix: re-run `nmt train --recipe word --model "
+            "scratch --seed 0`, or restore those settings in params.yaml)")
 
 
 # --- a checkpoint of the wrong run -----------------------------------------------------------
