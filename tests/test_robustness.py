@@ -172,6 +172,7 @@ def test_each_reason_a_checkpoint_is_unreadable_is_named_exactly(tmp_path):
               "it holds Python objects, not only tensors and plain data"),
              (zip_head, RuntimeError("  first sentence. second one\nline two. more  "),
               "RuntimeError: first sentence"),
+             (zip_head, RuntimeError("first line\nsecond. line"), "RuntimeError: first line"),
              (zip_head, RuntimeError(long + ". tail"), "RuntimeError: " + "x" * 120),
              (zip_head, KeyError(), "KeyError")]
     for head, error, why in cases:
@@ -311,6 +312,7 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path, capsys):
     for run, expected in cases.items():
         with pytest.raises(NmtError) as err:
             load(path, expect=run)
+        assert str(err.value).startswith(f"{path} holds "), str(err.value)
         assert expected in str(err.value), str(err.value)
         assert (f"(fix: re-run `nmt train --recipe {run.recipe} --model {run.model} --seed "
                 f"{run.seed}`") in str(err.value)
@@ -412,6 +414,8 @@ def test_a_trained_run_opens_with_the_vocabulary_it_was_trained_with(prepared, t
     found = load_trained(tmp_path / "best.pt", lambda recipe: asked.append(recipe) or
                          prepared["word"])
     assert asked == ["word"] and found.checkpoint["recipe"] == "word"
+    on_meta = load_trained(tmp_path / "best.pt", prepared["word"], "meta")
+    assert {p.device.type for p in on_meta.model.parameters()} == {"meta"}
     with pytest.raises(NmtError, match="source/target tokens"):  # BPE's 1,000 against words
         load_trained(tmp_path / "best.pt", prepared["bpe"])
 
