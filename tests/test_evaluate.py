@@ -12,11 +12,13 @@ import torch
 from conftest import REPO, edit_params
 from nmt.cli import main
 from nmt.core.checkpoint import load, save
-from nmt.core.codecs import UNK_ID, load_codecs
+from nmt.core.codecs import BOS_ID, EOS_ID, UNK_ID, load_codecs
 from nmt.core.data import Batches, load_pairs
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.loss import corpus_loss
+from nmt.core.records import RECORD, recorded_stage
 from nmt.core.runs import Run
+from nmt.core.runtime import limit_attention_kernels
 from nmt.core.text import read_lines
 from nmt.core.unknowns import detokenize_outputs, source_surfaces
 from nmt.models import ModelConfig, build_model
@@ -81,7 +83,9 @@ def test_loss_is_per_token_whatever_the_batch_size(prepared, tmp_path):
 def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path, name):
     run = Run("published", name, 0)
     save_run(run.dir(tmp_path), name, "published", prepared["word"])
-    metrics = evaluate(tiny_params(), Paths(tokenized, prepared["word"], run.files(tmp_path)))
+    settings = tiny_params()
+    settings["evaluate"]["attention_example"] = 3  # not the first: the index is read
+    metrics = evaluate(settings, Paths(tokenized, prepared["word"], run.files(tmp_path)))
     run_dir = run.dir(tmp_path)
 
     # metrics.json holds only the numbers people compare (dvc metrics show / exp show).
@@ -93,13 +97,25 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
     assert about["params"] == sum(p.numel() for p in load(run_dir / "best.pt")[0].parameters())
     assert "tok:13a" in about["signature"]["bleu"] and set(about["signature"]) == {"bleu", "chrf"}
     assert about["unknown_words"] == "copy"
+    assert about["device"] == "cpu" and about["attention_kernels"] == limit_attention_kernels()
+    assert about["precision"] in ("fp32", "bf16") and about["precision_reason"]
+    # what the report reads the run's stage from (the record of translations/)
+    assert recorded_stage(run_dir / "translations" / RECORD) == f"evaluate@published-{name}-0"
+    model, codecs = load(run_dir / "best.pt")[0], load_codecs(prepared["word"])
     for testset, m in metrics.items():
         assert set(m) == {"loss", "ppl", "bleu", "bleu_greedy", "chrf", "chrf_greedy"}
         assert all(isinstance(v, float) for v in m.values())
         assert about["testsets"][testset]["sentences"] == N_TEST
+        timings = about["testsets"][testset]
+        assert set(timings) == {"sentences", "references", "seconds_greedy", "seconds_beam",
+                                "unknowns_greedy", "unknowns_beam"}
+        assert all(timings[k] > 0 and round(timings[k], 3) == timings[k]
+                   for k in ("seconds_greedy", "seconds_beam"))
+        pairs = load_pairs(tokenized, testset, *codecs, TINY.max_len)
         assert m["ppl"] == pytest.approx(math.exp(m["loss"]))
         refs = read_lines(tokenized / f"{testset}.en.txt")
-        assert_each_file_holds_its_search(run_dir, tokenized, prepared["word"], testset)
+        beam_ids = assert_each_file_holds_its_search(run_dir, tokenized, prepared["word"],
+                                                     testset)
         # This model's BLEU is about 0 both ways; its chrF tells the two searches apart.
         assert m["chrf"] != pytest.approx(m["chrf_greedy"])
         for method, suffix in (("beam", ""), ("greedy", "_greedy")):
@@ -117,18 +133,38 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
         assert len(rows) == N_TEST
         total = sum(float(x) for x, _ in rows) / sum(int(n) for _, n in rows)
         assert total == pytest.approx(m["loss"], rel=1e-9)
+        # ... each sentence's own, in the test set's order (its target tokens after <bos>)
+        assert [int(n) for _, n in rows] == [len(tgt) - 1 for _, tgt in pairs]
+        for i in (0, 7):
+            alone = corpus_loss(model, Batches(pairs[i:i + 1], "sentences", 1, 0, False), "cpu")
+            assert float(rows[i][0]) / int(rows[i][1]) == pytest.approx(alone, rel=1e-4)
+        if testset == TESTSETS[0]:
+            first_beam = beam_ids
     assert sorted(p.name for p in run_dir.iterdir()) == [
         "attention.json", "best.pt", "evaluation.json", "metrics.json", "translations"]
     attention = json.loads((run_dir / "attention.json").read_text())
     weights = torch.tensor(attention["weights"])  # (output tokens, source tokens)
     assert weights.shape == (len(attention["output"]), len(attention["source"]))
     assert torch.allclose(weights.sum(1), torch.ones(len(weights)), atol=1e-3)  # rows sum to 1
+    # sentence evaluate.attention_example of the first test set, its beam output: the last
+    # decoder layer's cross-attention, the mean of its heads, to 4 decimals
+    source = load_pairs(tokenized, TESTSETS[0], *codecs, TINY.max_len)[3][0]
+    said = first_beam[3]
+    assert attention["what"] == "last decoder layer, cross-attention, mean of heads"
+    assert attention["source"] == codecs[0].pieces(source)
+    assert attention["output"] == codecs[1].pieces(said + [EOS_ID])
+    assert attention["translation"] == read_lines(
+        run_dir / "translations" / f"{TESTSETS[0]}.beam.txt")[3]
+    with torch.inference_mode():
+        maps = model.attention_maps(torch.tensor([source]), torch.tensor([[BOS_ID, *said]]))
+    expected = maps["decoder_cross"][-1][0].mean(0)
+    assert [[round(w, 4) for w in row] for row in expected.tolist()] == attention["weights"]
 
 
-def assert_each_file_holds_its_search(run_dir, tokenized, vocab, testset: str) -> None:
+def assert_each_file_holds_its_search(run_dir, tokenized, vocab, testset: str) -> list:
     """<testset>.beam.txt holds the beam search's output and .greedy.txt the greedy one's (the
     metrics are their scores, checked above): both decoded again here, and told apart, since
-    this untrained model's two searches differ on some sentence."""
+    this untrained model's two searches differ on some sentence. Returns the beam's ids."""
     model, _ = load(run_dir / "best.pt")
     codecs = load_codecs(vocab)
     pairs = load_pairs(tokenized, testset, *codecs, TINY.max_len)
@@ -141,6 +177,7 @@ def assert_each_file_holds_its_search(run_dir, tokenized, vocab, testset: str) -
                                           codecs[1], "copy").lines
         assert read_lines(run_dir / "translations" / f"{testset}.{method}.txt") == said[method]
     assert said["greedy"] != said["beam"]
+    return ids
 
 
 @pytest.mark.parametrize("kind,name", [("word", "baseline"), ("bpe", "scratch")])

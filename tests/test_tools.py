@@ -692,6 +692,20 @@ def load_mutate():
     return module
 
 
+def test_mutate_has_mutmut_mutate_a_module_added_to_only_mutate(tmp_path):
+    """A copy in mutants/ without its .meta was copied, not mutated (the module was not in
+    only_mutate then): removed, so that mutmut mutates it; a mutated copy stays."""
+    mutate = load_mutate()
+    added, mutated = Path("src/nmt/stages/evaluate.py"), Path("src/nmt/core/stats.py")
+    for path in (added, mutated):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x = 1\n")
+    (tmp_path / "src/nmt/core/stats.py.meta").write_text("{}")
+    assert mutate.forget_unmutated_copies([added, mutated, Path("src/gone.py")], tmp_path) == [
+        added]
+    assert not (tmp_path / added).exists() and (tmp_path / mutated).exists()
+
+
 def test_mutate_places_a_mutation_on_its_line():
     """tools/mutate.py reads mutmut's diff of a function (counted from its `def`) into the
     mutated line's distance from the `def` and the text before and after."""

@@ -84,8 +84,25 @@ def mutated_paths() -> list[Path]:
             and not any(fnmatch(str(f), pattern) for pattern in config.get("do_not_mutate", []))]
 
 
+def forget_unmutated_copies(paths: list[Path], mutants: Path) -> list[Path]:
+    """Remove the copy in `mutants` of each of `paths` that mutmut copied without mutating it
+    (no .meta beside it): a module added to only_mutate since. mutmut copies every source file
+    into mutants/, and mutates a copy again only when its source is newer than the copy, so
+    without this such a module would stay unmutated, 0 mutants, until its source changed.
+    Returns the paths removed; mutmut copies and mutates them afresh."""
+    gone = []
+    for path in paths:
+        copy = mutants / path
+        if copy.is_file() and not copy.with_name(copy.name + ".meta").exists():
+            copy.unlink()
+            gone.append(path)
+    return gone
+
+
 def run_mutmut(module: str | None) -> float:
     """mutmut run, over every module or one; the minutes it took."""
+    for path in forget_unmutated_copies(mutated_paths(), ROOT / "mutants"):
+        print(f"mutate: {path} was copied into mutants/ unmutated; mutmut mutates it now")
     names = []
     if module:
         path, paths = Path(module), mutated_paths()
