@@ -2,7 +2,9 @@
 
 import io
 import json
+import logging
 import math
+import time
 from dataclasses import asdict
 
 import pytest
@@ -18,7 +20,7 @@ from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.loss import corpus_loss
 from nmt.core.records import RECORD, recorded_stage
 from nmt.core.runs import Run
-from nmt.core.runtime import limit_attention_kernels
+from nmt.core.runtime import autocast, limit_attention_kernels
 from nmt.core.text import read_lines
 from nmt.core.unknowns import detokenize_outputs, source_surfaces
 from nmt.models import ModelConfig, build_model
@@ -80,13 +82,17 @@ def test_loss_is_per_token_whatever_the_batch_size(prepared, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["baseline", "scratch"])
-def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path, name):
+def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path, caplog, name):
     run = Run("published", name, 0)
     save_run(run.dir(tmp_path), name, "published", prepared["word"])
     settings = tiny_params()
     settings["evaluate"]["attention_example"] = 3  # not the first: the index is read
-    metrics = evaluate(settings, Paths(tokenized, prepared["word"], run.files(tmp_path)))
+    start = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        metrics = evaluate(settings, Paths(tokenized, prepared["word"], run.files(tmp_path)))
+    wall = time.perf_counter() - start
     run_dir = run.dir(tmp_path)
+    assert_what_evaluate_says(caplog, run_dir, name, metrics)
 
     # metrics.json holds only the numbers people compare (dvc metrics show / exp show).
     assert metrics == json.loads((run_dir / "metrics.json").read_text())
@@ -109,7 +115,7 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
         timings = about["testsets"][testset]
         assert set(timings) == {"sentences", "references", "seconds_greedy", "seconds_beam",
                                 "unknowns_greedy", "unknowns_beam"}
-        assert all(timings[k] > 0 and round(timings[k], 3) == timings[k]
+        assert all(0 < timings[k] < wall and round(timings[k], 3) == timings[k]
                    for k in ("seconds_greedy", "seconds_beam"))
         pairs = load_pairs(tokenized, testset, *codecs, TINY.max_len)
         assert m["ppl"] == pytest.approx(math.exp(m["loss"]))
@@ -155,10 +161,33 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
     assert attention["output"] == codecs[1].pieces(said + [EOS_ID])
     assert attention["translation"] == read_lines(
         run_dir / "translations" / f"{TESTSETS[0]}.beam.txt")[3]
-    with torch.inference_mode():
+    assert attention_weights(model, source, said, "fp32") == attention["weights"]
+
+
+def attention_weights(model, source: list[int], said: list[int], precision: str) -> list:
+    """What attention.json's weights must be: the last decoder layer's cross-attention, the
+    mean of its heads, to 4 decimals, under `precision`."""
+    with torch.inference_mode(), autocast("cpu", precision):
         maps = model.attention_maps(torch.tensor([source]), torch.tensor([[BOS_ID, *said]]))
-    expected = maps["decoder_cross"][-1][0].mean(0)
-    assert [[round(w, 4) for w in row] for row in expected.tolist()] == attention["weights"]
+    return [[round(w, 4) for w in row] for row in maps["decoder_cross"][-1][0].mean(0).tolist()]
+
+
+def assert_what_evaluate_says(caplog, run_dir, name: str, metrics: dict) -> None:
+    """evaluate's log, line for line: what it read, each test set's numbers, what it wrote."""
+    about = json.loads((run_dir / "evaluation.json").read_text())
+    said = [r.getMessage() for r in caplog.records if r.name == "nmt.evaluate"]
+    expected = [f"read {run_dir / 'best.pt'}: {name} model of recipe published, "
+                f"{about['params']} parameters, on cpu in {about['precision']}"]
+    for testset in TESTSETS:
+        m = metrics[testset]
+        expected += [f"read {testset}: {N_TEST} sentences",
+                     f"{testset}: loss {m['loss']:.4f}, ppl {m['ppl']:.2f}, BLEU {m['bleu']:.2f} "
+                     f"(greedy {m['bleu_greedy']:.2f}), chrF {m['chrf']:.2f}; "
+                     f"{about['testsets'][testset]['unknowns_beam']} <unk> in the beam output "
+                     "(copy)"]
+    expected += [f"wrote {run_dir / 'translations'}",
+                 f"wrote {run_dir / 'metrics.json'} and evaluation.json"]
+    assert said == expected
 
 
 def assert_each_file_holds_its_search(run_dir, tokenized, vocab, testset: str) -> list:
@@ -241,6 +270,89 @@ def test_a_vocabulary_that_does_not_fit_the_checkpoint_is_refused(prepared, tmp_
     (tmp_path / "vocab" / "published").symlink_to(prepared["word"])
     assert main(argv) == 2
     assert "source/target tokens" in capsys.readouterr().err
+
+
+def test_evaluate_in_bf16_scores_and_decodes_in_bf16(prepared, tokenized, tmp_path):
+    """train.precision bf16: the loss and both searches run under bf16 autocast (the loss in
+    float32 of bf16 matmuls), which gives other numbers than fp32 on this random model."""
+    run = Run("published", "scratch", 0)
+    save_run(run.dir(tmp_path), "scratch", "published", prepared["word"])
+    settings = tiny_params()
+    settings["train"]["precision"] = "bf16"
+    metrics = evaluate(settings, Paths(tokenized, prepared["word"], run.files(tmp_path)))
+    about = json.loads((run.dir(tmp_path) / "evaluation.json").read_text())
+    assert about["precision"] == "bf16"
+    model, codecs = load(run.dir(tmp_path) / "best.pt")[0], load_codecs(prepared["word"])
+    pairs = load_pairs(tokenized, TESTSETS[0], *codecs, TINY.max_len)
+    batches = Batches(pairs, "sentences", 32, 0, False)
+    loss = {p: corpus_loss(model, batches, "cpu", precision=p) for p in ("bf16", "fp32")}
+    assert abs(loss["bf16"] - loss["fp32"]) > 1e-5  # what the test tells apart (about 6e-5)
+    assert metrics[TESTSETS[0]]["loss"] == pytest.approx(loss["bf16"], rel=1e-6, abs=0)
+    surfaces = source_surfaces(tokenized, TESTSETS[0], codecs[0])
+    for method in ("greedy", "beam"):
+        with autocast("cpu", "bf16"):
+            ids = translate_batches(model, pairs, DecodeConfig.from_params(
+                settings["evaluate"], method, TINY.max_len - 1), progress=False)
+        lines = detokenize_outputs(model, [p[0] for p in pairs], surfaces, ids, codecs[1],
+                                   "copy").lines
+        assert read_lines(run.dir(tmp_path) / "translations" / f"{TESTSETS[0]}.{method}.txt"
+                          ) == lines
+    # the attention example too (sentence 0 of the first test set, its beam output)
+    attention = json.loads((run.dir(tmp_path) / "attention.json").read_text())
+    assert attention["weights"] == attention_weights(model, pairs[0][0], ids[0], "bf16")
+    assert attention["weights"] != attention_weights(model, pairs[0][0], ids[0], "fp32")
+
+
+def test_evaluate_copies_each_unk_from_its_source(prepared, tokenized, tmp_path):
+    """A model that says <unk> at every step: each is counted, and written as the source word
+    it attended to most (evaluate.unknown_words: copy), never as <unk>."""
+    run = Run("published", "scratch", 0)
+    save_run(run.dir(tmp_path), "scratch", "published", prepared["word"])
+    ckpt = torch.load(run.dir(tmp_path) / "best.pt", weights_only=True)
+    ckpt["state_dict"]["generator.bias"][UNK_ID] = 100.0  # <unk> wins every step
+    torch.save(ckpt, run.dir(tmp_path) / "best.pt")
+    settings = tiny_params()
+    settings["evaluate"]["attention_example"] = 10**6  # past the end: the last sentence
+    settings["evaluate"]["max_len_a"] = 10  # outputs may run to the model's cap, not a * source
+    evaluate(settings, Paths(tokenized, prepared["word"], run.files(tmp_path)))
+    about = json.loads((run.dir(tmp_path) / "evaluation.json").read_text())
+    src_codec = load_codecs(prepared["word"])[0]
+    attention = json.loads((run.dir(tmp_path) / "attention.json").read_text())
+    assert attention["translation"] == read_lines(
+        run.dir(tmp_path) / "translations" / f"{TESTSETS[0]}.beam.txt")[N_TEST - 1]
+    assert attention["source"] == src_codec.pieces(load_pairs(
+        tokenized, TESTSETS[0], src_codec, load_codecs(prepared["word"])[1], TINY.max_len)[-1][0])
+    for testset in TESTSETS:
+        # no <eos> ever wins: every output runs to the model's cap, max_len - 1 tokens
+        assert about["testsets"][testset]["unknowns_greedy"] == N_TEST * (TINY.max_len - 1)
+        surfaces = source_surfaces(tokenized, testset, src_codec)
+        for method in ("greedy", "beam"):
+            lines = read_lines(run.dir(tmp_path) / "translations" / f"{testset}.{method}.txt")
+            assert about["testsets"][testset][f"unknowns_{method}"] >= len(lines) == N_TEST
+            for line, words in zip(lines, surfaces, strict=True):
+                # each word a copy of one of its source's written words (detokenized: a
+                # copied "." or "," joins the word before it)
+                assert line and "<unk>" not in line, line
+                assert all(any(w in word for w in words) for word in line.split()), (line, words)
+
+
+def test_nmt_evaluate_scores_the_seed_it_is_given(prepared, tokenized, tmp_path, params_file,
+                                                  capsys):
+    """`nmt evaluate --seed 1` reads and writes published-scratch-s1, not seed 0's folder;
+    each decoding's progress bar names its test set and search."""
+    save_run(tmp_path / "results" / "published-scratch-s1", "scratch", "published",
+             prepared["word"])
+    edit_params(params_file, model=asdict(TINY), evaluate=tiny_params()["evaluate"])
+    argv = ["--params", str(params_file), "evaluate", "--model", "scratch", "--seed", "1",
+            "--results", str(tmp_path / "results"), "--tokenized", str(tokenized), "--vocab",
+            str(prepared["word"])]
+    assert main(argv) == 0
+    assert not (tmp_path / "results" / "published-scratch-s0").exists()
+    about = json.loads((tmp_path / "results" / "published-scratch-s1" / "evaluation.json")
+                       .read_text())
+    assert (about["run"], about["seed"]) == ("published-scratch-s1", 1)
+    err = capsys.readouterr().err
+    assert all(f"{t} {m}:" in err for t in TESTSETS for m in ("greedy", "beam")), err
 
 
 # --- out of memory while decoding, and the beam's bound -------------------------------------------

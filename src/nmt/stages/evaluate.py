@@ -22,7 +22,7 @@ from nmt.core.codecs import BOS_ID, EOS_ID, PAD_ID
 from nmt.core.data import Batches, Pairs, load_pairs
 from nmt.core.decoding import DecodeConfig, translate_batches
 from nmt.core.errors import NmtError, last_outputs
-from nmt.core.files import atomic_dir, write_json
+from nmt.core.files import atomic_dir, write_json, write_text
 from nmt.core.loss import token_loss
 from nmt.core.records import write_record
 from nmt.core.runs import Run, RunFiles
@@ -100,8 +100,8 @@ def score_testset(model, testset: TestSet, tgt_codec, ev: dict, cap: int, out: P
     batches = Batches(testset.pairs, "sentences", ev["batch_size"], 0, shuffle=False)
     losses, tokens = sentence_losses(model, batches, device, precision)
     loss = sum(losses) / sum(tokens)
-    (out / f"{testset.name}.loss.tsv").write_text(
-        "".join(f"{x!r}\t{n}\n" for x, n in zip(losses, tokens, strict=True)), "utf-8")
+    write_text(out / f"{testset.name}.loss.tsv",
+               "".join(f"{x!r}\t{n}\n" for x, n in zip(losses, tokens, strict=True)))
     metrics = {"loss": loss, "ppl": math.exp(loss)}
     timings = {"sentences": len(testset.pairs), "references": lines_record(testset.references)}
     sources = [pair[0] for pair in testset.pairs]
@@ -114,8 +114,7 @@ def score_testset(model, testset: TestSet, tgt_codec, ev: dict, cap: int, out: P
         text = detokenize_outputs(model, sources, testset.surfaces, ids, tgt_codec,
                                   ev["unknown_words"])
         timings[f"unknowns_{method}"] = text.unknowns
-        (out / f"{testset.name}.{method}.txt").write_text(
-            "".join(h + "\n" for h in text.lines), "utf-8")
+        write_text(out / f"{testset.name}.{method}.txt", "".join(h + "\n" for h in text.lines))
         s = score(text.lines, testset.references)
         suffix = "" if method == "beam" else "_greedy"
         metrics |= {f"bleu{suffix}": s["bleu"], f"chrf{suffix}": s["chrf"]}
