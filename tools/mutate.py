@@ -101,11 +101,12 @@ def forget_unmutated_copies(paths: list[Path], mutants: Path) -> list[Path]:
 
 def run_mutmut(module: str | None) -> float:
     """mutmut run, over every module or one; the minutes it took."""
-    for path in forget_unmutated_copies(mutated_paths(), ROOT / "mutants"):
+    paths = mutated_paths()
+    for path in forget_unmutated_copies(paths, ROOT / "mutants"):
         print(f"mutate: {path} was copied into mutants/ unmutated; mutmut mutates it now")
     names = []
     if module:
-        path, paths = Path(module), mutated_paths()
+        path = Path(module)
         if path not in paths:
             sys.exit(f"mutate: {module} is not a module [tool.mutmut] only_mutate names "
                      f"(pyproject.toml): {', '.join(map(str, paths))}")
