@@ -109,6 +109,42 @@ def test_dvc_holding_its_lock_is_seen_and_released_lock_is_not(tmp_path):
     assert orchestrators.dvc_holder(tmp_path) is None  # the lock file stays; the flock is gone
 
 
+# A Snakemake's onstart marks the folder, then its job starts; a `dvc repro` started between
+# the two held DVC's lock while the job checked: the job refused, Snakemake failed and deleted
+# the job's outputs, and the `dvc repro` refused too (a CI run of
+# test_dvc_refuses_while_snakemake_runs). The job of the Snakemake that holds the folder goes on.
+JOB_OF_SNAKEMAKE = """import json, os, socket, subprocess, sys
+root = sys.argv[1]
+marker = os.path.join(root, ".snakemake", f"nmt-running.{os.getpid()}")
+os.makedirs(os.path.dirname(marker), exist_ok=True)
+with open(marker, "w") as file:  # as Snakemake's onstart writes it
+    json.dump({"pid": os.getpid(), "host": socket.gethostname()}, file)
+job = ("import sys; from pathlib import Path; from nmt.pipeline import orchestrators; "
+       "orchestrators.refuse_others(Path(sys.argv[1]), 'nmt verify')")
+sys.exit(subprocess.run([sys.executable, "-c", job, root]).returncode)
+"""
+
+
+def test_a_job_of_the_snakemake_holding_the_folder_goes_on_while_dvc_holds_its_lock(tmp_path):
+    from tiny import BIN
+
+    subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_DVC_LOCK, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        snakemake = subprocess.run(  # "snakemake" in its command line, as _alive looks for
+            [sys.executable, "-c", JOB_OF_SNAKEMAKE, str(tmp_path), "snakemake"],
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(orchestrators.__file__).parents[2])})
+        assert snakemake.returncode == 0, snakemake.stderr
+        # the same job with no Snakemake holding the folder (the marker's process is gone)
+        with pytest.raises(NmtError, match=f"dvc \\(pid {holder.pid}\\) is running"):
+            orchestrators.refuse_others(tmp_path, "nmt verify")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_dvc_repro_running_a_stage_is_seen(tmp_path):
     """While a stage's command runs, `dvc repro` holds no flock on .dvc/tmp/lock (DVC 3.67):
     Snakemake's onstart finds it in .dvc/tmp/rwlock and refuses to start."""

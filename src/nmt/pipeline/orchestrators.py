@@ -7,8 +7,9 @@ other through it), and, while a stage's command runs (when `dvc repro` holds no 
 `.dvc/tmp/rwlock`, which names its pid. Snakemake holds no such lock, so its
 `onstart` writes a marker, `.snakemake/nmt-running.<pid>`, removed by `onsuccess`/`onerror`.
 Every `nmt` stage command, and Snakemake's `onstart`, refuse when the other tool holds the
-folder and is not the process that started them. A marker or lock of a process that is gone
-(a killed run) blocks nothing.
+folder and is not the process that started them, except that a job of the Snakemake holding
+the folder goes on while a `dvc repro` started later holds DVC's lock (that run's own stages
+refuse). A marker or lock of a process that is gone (a killed run) blocks nothing.
 
 Killed with SIGKILL, an orchestrator can clean up nothing: its jobs ran on as orphans, and
 Snakemake's own lock stayed. So a stage's command stops at its next safe point once the
@@ -115,18 +116,25 @@ def snakemake_holders(root: Path = Path(".")) -> list[int]:
 def refuse_others(root: Path = Path("."), doing: str = "this command",
                   stages: bool = False) -> None:
     """Stop with one line when the other orchestrator runs in root and did not start us;
-    stages: a `dvc repro` running a stage's command counts too (Snakemake's onstart: a job of
-    a Snakemake that holds the folder goes on, and the DVC stage started after refuses)."""
+    stages: a `dvc repro` running a stage's command counts too (Snakemake's onstart).
+
+    A job of the Snakemake that holds the folder goes on whatever DVC does meanwhile: the
+    marker says Snakemake claimed the folder first (its onstart refused while DVC ran), so a
+    `dvc repro` started since is the second one, and its own stages refuse. Refusing the job
+    too, when it starts while that `dvc repro` holds its lock, failed both runs, and Snakemake
+    deleted the job's outputs."""
+    snakemakes = snakemake_holders(root)
+    if any(_is_mine(pid) for pid in snakemakes):
+        return
     dvc = dvc_holder(root, stages)
     if dvc is not None and not (dvc > 0 and _is_mine(dvc)):
         who = f"dvc (pid {dvc})" if dvc > 0 else "dvc"
         raise NmtError(f"{who} is running in this folder and {doing} would change files "
                        "its stages read (fix: wait for it to finish, or stop it, then run again)")
-    for pid in snakemake_holders(root):
-        if not _is_mine(pid):
-            raise NmtError(f"snakemake (pid {pid}) is running in this folder and {doing} "
-                           "would change files its jobs read (fix: wait for it to finish, or "
-                           "stop it, then run again)")
+    if snakemakes:
+        raise NmtError(f"snakemake (pid {snakemakes[0]}) is running in this folder and {doing} "
+                       "would change files its jobs read (fix: wait for it to finish, or stop "
+                       "it, then run again)")
 
 
 def claim_for_snakemake(root: Path = Path(".")) -> None:
