@@ -133,9 +133,10 @@ def test_a_job_of_the_snakemake_holding_the_folder_goes_on_while_dvc_holds_its_l
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
+        src = Path(orchestrators.__file__).parents[2]
         snakemake = subprocess.run(  # "snakemake" in its command line, as _alive looks for
             [sys.executable, "-c", JOB_OF_SNAKEMAKE, str(tmp_path), "snakemake"],
-            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(orchestrators.__file__).parents[2])})
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)})
         assert snakemake.returncode == 0, snakemake.stderr
         # the same job with no Snakemake holding the folder (the marker's process is gone)
         with pytest.raises(NmtError, match=f"dvc \\(pid {holder.pid}\\) is running"):
