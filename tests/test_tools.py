@@ -740,6 +740,40 @@ def test_an_exclusion_no_surviving_mutant_needs_is_named():
     assert Path("src/nmt/models/masks.py") in paths
 
 
+def test_mutate_runs_the_training_profile_in_a_folder_of_its_own(tmp_path):
+    """The training modules are mutated apart from the core (their tests train): the profiles
+    share no module, each module has one, and the training profile's folder holds links to
+    the checkout and a pyproject.toml whose [tool.mutmut] is the profile's settings (mutmut
+    reads no other), every other table as the checkout's."""
+    import tomllib
+
+    mutate = load_mutate()
+    core, training = mutate.profiles()
+    assert (core.name, core.root, training.name) == ("core", REPO, "training")
+    assert not set(core.paths()) & set(training.paths())
+    assert Path("src/nmt/training/loop.py") in training.paths()
+    assert mutate.profile_of("src/nmt/training/state.py") == training
+    assert mutate.profile_of("src/nmt/core/stats.py") == core
+    with pytest.raises(SystemExit, match="src/nmt/cli.py is not a module"):
+        mutate.profile_of("src/nmt/cli.py")
+    assert training.config["process_isolation"] == core.config["process_isolation"]
+    assert "tests/test_train.py" in training.config["pytest_add_cli_args_test_selection"]
+    assert "tests/test_train.py" not in core.config["pytest_add_cli_args_test_selection"]
+
+    here = mutate.dataclasses.replace(training, root=tmp_path / "training")
+    mutate.workspace(here)
+    mutate.workspace(here)  # again: the links stay, the file is rewritten
+    for name in ("src", "tests", *training.config["also_copy"]):
+        assert (here.root / name).resolve() == REPO / name
+    written = tomllib.loads((here.root / "pyproject.toml").read_text())
+    checkout = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert written["tool"]["mutmut"] == training.config
+    assert {k: v for k, v in written["tool"].items() if k != "mutmut"} == \
+        {k: v for k, v in checkout["tool"].items() if k != "mutmut"}
+    assert {k: v for k, v in written.items() if k != "tool"} == \
+        {k: v for k, v in checkout.items() if k != "tool"}
+
+
 def test_every_equivalent_mutant_is_a_line_of_the_code_with_a_reason():
     """tests/mutation_equivalent.yaml stays true to the code: each entry names a function of a
     module make mutate mutates, its `before` is that function's text, and it says why (and,

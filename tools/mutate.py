@@ -1,8 +1,16 @@
 """`make mutate`: mutation testing of the models and the numeric core, and its summary.
 
-    python tools/mutate.py                                   # every module [tool.mutmut] names
+    python tools/mutate.py                                   # every module of every profile
     python tools/mutate.py --module src/nmt/core/stats.py    # one module's mutants
     python tools/mutate.py --summary                         # the summary of what has run
+
+Two profiles, each a mutmut run with its own modules and tests: "core" ([tool.mutmut] in
+pyproject.toml: the models and the numeric core, with unit-level tests; mutmut runs it here,
+results in mutants/) and "training" ([tool.mutate.training] over [tool.mutmut]: the training
+loop and its resume state, with the tests that train in-process; mutmut runs it in
+.mutate/training/, whose pyproject.toml this script writes and whose src/ and tests/ are links
+to this checkout's). Apart, because mutmut runs every test that calls a mutant's function: in
+one profile, each of the models' equivalent mutants would pay the trainings too.
 
 mutmut (pinned in requirements.txt; configured in pyproject.toml's [tool.mutmut]) copies
 src/ to mutants/, writes every mutant of every function into the copy behind a switch, runs
@@ -22,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -75,13 +85,59 @@ class Mutant:
             f"{module}.{'.'.join(self.key.split('ǁ')[1:])}"
 
 
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    root: Path  # where mutmut runs and keeps its mutants/ (ROOT for the core profile)
+    config: dict  # its [tool.mutmut] settings
+
+    def paths(self) -> list[Path]:
+        """The source files its only_mutate names and do_not_mutate does not, in order."""
+        files = sorted(p.relative_to(ROOT) for p in (ROOT / "src").rglob("*.py"))
+        return [f for f in files
+                if any(fnmatch(str(f), pattern) for pattern in self.config["only_mutate"])
+                and not any(fnmatch(str(f), pattern)
+                            for pattern in self.config.get("do_not_mutate", []))]
+
+
+def profiles() -> list[Profile]:
+    """core ([tool.mutmut]), then each [tool.mutate.<name>]: its keys over [tool.mutmut]'s."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+    core = tool["mutmut"]
+    return [Profile("core", ROOT, core),
+            *(Profile(name, ROOT / ".mutate" / name, {**core, **keys})
+              for name, keys in tool.get("mutate", {}).items())]
+
+
 def mutated_paths() -> list[Path]:
-    """The source files pyproject.toml's [tool.mutmut] only_mutate names and do_not_mutate
-    does not, in order."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
-    files = sorted(p.relative_to(ROOT) for p in (ROOT / "src").rglob("*.py"))
-    return [f for f in files if any(fnmatch(str(f), pattern) for pattern in config["only_mutate"])
-            and not any(fnmatch(str(f), pattern) for pattern in config.get("do_not_mutate", []))]
+    """Every profile's source files, in order."""
+    return [path for profile in profiles() for path in profile.paths()]
+
+
+def workspace(profile: Profile) -> None:
+    """A profile other than core gets a folder of its own for mutmut (which reads
+    pyproject.toml and writes mutants/ in the folder it runs in): links to src/, tests/ and
+    what also_copy names, and this checkout's pyproject.toml with the profile's [tool.mutmut]."""
+    if profile.root == ROOT:
+        return
+    profile.root.mkdir(parents=True, exist_ok=True)
+    for name in ("src", "tests", *profile.config.get("also_copy", [])):
+        link = profile.root / name
+        if not link.is_symlink():
+            link.symlink_to(ROOT / name)
+    text = (ROOT / "pyproject.toml").read_text()
+    (profile.root / "pyproject.toml").write_text(with_mutmut_table(text, profile.config))
+
+
+def with_mutmut_table(pyproject: str, config: dict) -> str:
+    """pyproject.toml's text, its [tool.mutmut] table's keys replaced by `config` (strings,
+    booleans and lists of strings, which JSON writes as TOML reads them)."""
+    lines = pyproject.splitlines()
+    start = lines.index("[tool.mutmut]")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")),
+               len(lines))
+    table = ["[tool.mutmut]", *(f"{key} = {json.dumps(value)}" for key, value in config.items())]
+    return "\n".join([*lines[:start], *table, "", *lines[end:]]) + "\n"
 
 
 def forget_unmutated_copies(paths: list[Path], mutants: Path) -> list[Path]:
@@ -99,41 +155,49 @@ def forget_unmutated_copies(paths: list[Path], mutants: Path) -> list[Path]:
     return gone
 
 
-def run_mutmut(module: str | None) -> float:
-    """mutmut run, over every module or one; the minutes it took."""
-    paths = mutated_paths()
-    for path in forget_unmutated_copies(paths, ROOT / "mutants"):
+def profile_of(module: str) -> Profile:
+    """The profile that mutates `module` (a source file's path)."""
+    found = [profile for profile in profiles() if Path(module) in profile.paths()]
+    if not found:
+        sys.exit(f"mutate: {module} is not a module that pyproject.toml's [tool.mutmut] or "
+                 f"[tool.mutate.*] only_mutate names: {', '.join(map(str, mutated_paths()))}")
+    return found[0]
+
+
+def run_mutmut(profile: Profile, module: str | None = None) -> float:
+    """mutmut run, over every module of the profile or one; the minutes it took."""
+    workspace(profile)
+    for path in forget_unmutated_copies(profile.paths(), profile.root / "mutants"):
         print(f"mutate: {path} was copied into mutants/ unmutated; mutmut mutates it now")
-    names = []
-    if module:
-        path = Path(module)
-        if path not in paths:
-            sys.exit(f"mutate: {module} is not a module [tool.mutmut] only_mutate names "
-                     f"(pyproject.toml): {', '.join(map(str, paths))}")
-        names = [module_of(path) + ".*"]
+    names = [module_of(Path(module)) + ".*"] if module else []
+    print(f"mutate: profile {profile.name}, in {profile.root.relative_to(ROOT) or '.'}",
+          flush=True)
     start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=profile.root,
+                   check=True)
     return (time.monotonic() - start) / 60
 
 
-def mutants_of(path: Path) -> list[Mutant]:
-    """Every mutant of one source file with its verdict, from mutmut's results in mutants/;
-    where a test could still kill it (ALIVE), also its line and mutation, from mutmut's diff."""
+def mutants_of(path: Path, root: Path = ROOT) -> list[Mutant]:
+    """Every mutant of one source file with its verdict, from mutmut's results in
+    root/mutants/; where a test could still kill it (ALIVE), also its line and mutation, from
+    mutmut's diff (mutmut reads both relative to the folder it ran in)."""
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.mutation.diff_apply import get_diff_for_mutant
 
-    data = SourceFileMutationData(path=path)
-    data.load()
-    starts = function_starts(ROOT / path)
-    mutants = []
-    for name, code in sorted(data.exit_code_by_key.items()):
-        mutant = Mutant(name, path, VERDICTS.get(code, "not run" if code is None else "timeout"))
-        if mutant.verdict in ALIVE:
-            diff = get_diff_for_mutant(name, path=path).splitlines()[2:]  # no ---/+++ header
-            offset, before, after = changed_lines(diff)
-            mutant = dataclasses.replace(mutant, line=starts[mutant.key] + offset,
-                                         before=before, after=after)
-        mutants.append(mutant)
+    starts, mutants = function_starts(ROOT / path), []
+    with contextlib.chdir(root):
+        data = SourceFileMutationData(path=path)
+        data.load()
+        for name, code in sorted(data.exit_code_by_key.items()):
+            verdict = VERDICTS.get(code, "not run" if code is None else "timeout")
+            mutant = Mutant(name, path, verdict)
+            if verdict in ALIVE:
+                diff = get_diff_for_mutant(name, path=path).splitlines()[2:]  # no ---/+++
+                offset, before, after = changed_lines(diff)
+                mutant = dataclasses.replace(mutant, line=starts[mutant.key] + offset,
+                                             before=before, after=after)
+            mutants.append(mutant)
     return mutants
 
 
@@ -184,8 +248,9 @@ def summary(minutes: float | None) -> str:
     rows, survivors, apart = [], [], []
     totals: Counter = Counter()
     ran, used = set(), set()  # the modules this checkout's mutants/ ran; the entries they used
-    for path in mutated_paths():
-        mutants = mutants_of(path)
+    for path, root in ((path, profile.root) for profile in profiles()
+                       for path in profile.paths()):
+        mutants = mutants_of(path, root)
         status = {m: known.get((m.function, m.before, m.after), (m.verdict, ""))[0]
                   if m.verdict in ALIVE else m.verdict for m in mutants}
         used |= {(m.function, m.before, m.after) for m in mutants if m.verdict in ALIVE}
@@ -285,7 +350,12 @@ def main() -> None:
     parser.add_argument("--summary", action="store_true", help="only write the summary")
     args = parser.parse_args()
     os.chdir(ROOT)  # mutmut reads pyproject.toml and writes mutants/ in the current folder
-    minutes = None if args.summary else run_mutmut(args.module)
+    if args.summary:
+        minutes = None
+    elif args.module:
+        minutes = run_mutmut(profile_of(args.module), args.module)
+    else:
+        minutes = sum(run_mutmut(profile) for profile in profiles())
     SUMMARY.write_text(summary(minutes))
     text = SUMMARY.read_text()
     print(text.split("## Survivors")[0].rstrip())
