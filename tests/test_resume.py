@@ -115,6 +115,9 @@ def test_signal_stops_after_the_step_and_keeps_a_state(setup, tmp_path, caplog, 
     killed_wall = p["earlier"]["wall"]  # the stopped process's seconds, from its start
     assert killed_wall > p["earlier"]["start"] > 0
     assert "resuming from epoch 2, step 14 of 30 " in resume_in_process(argv, caplog)
+    assert {"precision kept from the run's start: training fp32, decoding fp32",
+            "resuming from epoch 2, step 14 of 30 (batch 4 of 10 of the epoch), from "
+            f"{run_dir / 'resume.pt'}"} <= set(caplog.messages)  # each line whole
     assert_same_outputs(setup["reference"]["epochs"], run_dir)
     seconds = json.loads(RUN.files(tmp_path / "results").summary.read_text())["seconds"]
     assert seconds["wall"] > killed_wall  # both processes' time, not only the last one's

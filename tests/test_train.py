@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -130,6 +132,89 @@ def test_patience_stops_the_run(data, tmp_path):
     assert [[r[k] for k in same] for r in history] == [[r[k] for k in same]
                                                        for r in full_history[:stop]]
     assert stopped["best_epoch"] == stop - 2
+
+
+def test_with_lr_0_every_epoch_reports_the_untrained_models_losses(data, tmp_path):
+    """An oracle for history.csv's losses: at lr 0, without dropout or label smoothing, the
+    weights never move, so each epoch's train loss is the model's loss over the whole train
+    split (whatever the epoch's order) and its valid loss that over the validation split,
+    both computed here from last.pt by loss.corpus_loss; the epoch's sums start again from 0."""
+    params = tiny_params(epochs=2, lr=0.0, label_smoothing=0.0)
+    params["model"]["dropout"] = 0.0
+    train(params, train_paths(data, tmp_path, RUN))
+    model, _ = checkpoint.load(RUN.files(tmp_path).last)
+    src, tgt = load_codecs(data["vocab"] / "published")
+    losses = {split: corpus_loss(model, Batches(load_pairs(data["tokenized"], split, src, tgt,
+                                                           256), "sentences", 32, 0,
+                                                shuffle=False), "cpu")
+              for split in ("train", "val")}
+    with open(RUN.files(tmp_path).history) as f:
+        history = list(csv.DictReader(f))
+    assert [row["epoch"] for row in history] == ["1", "2"]
+    for row in history:
+        assert float(row["train_loss"]) == pytest.approx(losses["train"], abs=1e-5), row
+        assert float(row["valid_loss"]) == pytest.approx(losses["val"], abs=1e-5), row
+
+
+def test_a_training_logs_what_it_read_built_and_reached_line_for_line(data, tmp_path, caplog):
+    """The loop's own lines, each whole: the data read, the model built, every epoch's losses
+    and speed (as history.csv has them) and the average of the last epochs (as train.json)."""
+    with caplog.at_level(logging.INFO, logger="nmt.train"):
+        summary, history = fit(data, tmp_path, "logged", epochs=2, average_last=2)
+    model, _ = checkpoint.load(RUN.files(tmp_path / "logged").last)
+    src, tgt = load_codecs(data["vocab"] / "published")
+    lines = [r.getMessage() for r in caplog.records if r.name == "nmt.train"]
+    assert lines[:2] == [
+        f"read 200 train / 60 valid pairs from {data['tokenized']}, vocab {len(src)}/{len(tgt)} "
+        f"from {data['vocab'] / 'published'}",
+        f"{RUN.name}: {sum(p.numel() for p in model.parameters()):,} parameters on cpu, fp32"]
+    epoch = r"epoch (\d+): train (\d+\.\d{4}) valid (\d+\.\d{4}) \((\d+\.\d) s, ([\d,]+) tok/s\)"
+    for line, row in zip(lines[2:4], history, strict=True):
+        number, train_loss, valid_loss, seconds, speed = re.fullmatch(epoch, line).groups()
+        assert int(number) == int(row["epoch"])
+        assert float(train_loss) == pytest.approx(float(row["train_loss"]), abs=6e-5)
+        assert float(valid_loss) == pytest.approx(float(row["valid_loss"]), abs=6e-5)
+        assert float(seconds) == pytest.approx(float(row["seconds"]), abs=0.06)
+        assert int(speed.replace(",", "")) == int(row["tokens_per_second"])
+    averaged, best = re.fullmatch(r"average of the last 2 epochs: valid (\d+\.\d{4}) \(best "
+                                  r"single (\d+\.\d{4})\)", lines[4]).groups()
+    assert float(averaged) == pytest.approx(summary["averaged_valid_loss"], abs=6e-5)
+    assert float(best) == pytest.approx(min(float(r["valid_loss"]) for r in history), abs=6e-5)
+    assert len(lines) == 6 and lines[5].startswith(f"wrote {RUN.dir(tmp_path / 'logged')} ")
+
+
+def test_each_epoch_trains_on_its_own_seeded_order():
+    """Trainer.plan(epoch) is the epoch's order (Batches.indices(epoch - 1): seeded by the
+    run's seed and the epoch), sharded for this rank: not one order every epoch."""
+    from nmt.training.distributed import World
+    from nmt.training.state import Trainer
+
+    pairs = [([1] * (3 + i % 7), [2] * (2 + i % 5)) for i in range(40)]
+    batches = Batches(pairs, "sentences", 4, 0, shuffle=True, seed=3)
+    plans = [Trainer.plan(SimpleNamespace(train_batches=batches, world=World()), epoch)
+             for epoch in (1, 2)]
+    assert plans[0] == [(idx, True) for idx in batches.indices(0)]
+    assert plans[1] == [(idx, True) for idx in batches.indices(1)]
+    assert plans[0] != plans[1]
+    second = Trainer.plan(SimpleNamespace(train_batches=batches, world=World(1, 2)), 2)
+    assert second == [(idx, True) for idx in batches.indices(1)[1::2]]
+
+
+def test_a_resume_state_is_due_once_save_every_minutes_have_passed(monkeypatch):
+    """save_due against a clock set by hand: due at the minute, not a moment before; never
+    with save_every_minutes 0; a fraction of a minute counts."""
+    from nmt.training import state
+
+    def due(minutes: float, now: float) -> bool:
+        trainer = SimpleNamespace(config=SimpleNamespace(save_every_minutes=minutes),
+                                  last_save=100.0)
+        with monkeypatch.context() as clock:
+            clock.setattr(state.time, "monotonic", lambda: now)
+            return state.Trainer.save_due(trainer)
+
+    assert (due(1.5, 189.99), due(1.5, 190.0), due(1.5, 400.0)) == (False, True, True)
+    assert (due(0.5, 129.99), due(0.5, 130.0)) == (False, True)
+    assert not due(0, 1e9)
 
 
 def test_misaligned_split_is_one_error_line(data, tmp_path):
