@@ -376,3 +376,106 @@ def test_a_snapshot_keeps_the_values_of_its_instant():
     for index, moments in before["optimizer"]["state"].items():
         for name, value in moments.items():
             assert torch.equal(taken["optimizer"]["state"][index][name], value), name
+
+
+# ---- the resume state's decisions, each on its own (no training) -----------------------------
+
+def key(tmp_path: Path, **train) -> dict:
+    """resume.config_key of a tiny settings dict, its vocabulary two files and a folder."""
+    vocab = tmp_path / "vocab"
+    (vocab / "folder").mkdir(parents=True, exist_ok=True)  # not a file: not in the key
+    (vocab / "src.json").write_text('["a"]')
+    (vocab / "tgt.json").write_text('["b"]')
+    params = {"model": {"d_model": 32},
+              "train": {"lr": 1.0, "save_every_minutes": 5.0, **train},
+              "data": {"source_lang": "de", "target_lang": "en", "max_train_pairs": 0,
+                       "corpus": "multi30k"}}
+    return resume.config_key(params, "published-scratch-s0", 3, vocab, 2)
+
+
+def test_a_resume_states_key_is_what_changes_its_numbers(tmp_path):
+    """The key holds the run, seed, processes, model, train settings but save_every_minutes
+    (when states are kept changes no number), three data settings and the vocabulary files'
+    sha256; save_every_minutes alone leaves the hash as it was."""
+    import hashlib
+
+    sha = {name: hashlib.sha256(text.encode()).hexdigest()
+           for name, text in (("src.json", '["a"]'), ("tgt.json", '["b"]'))}
+    assert key(tmp_path) == {
+        "run": "published-scratch-s0", "seed": 3, "world_size": 2, "model": {"d_model": 32},
+        "train": {"lr": 1.0}, "data": {"source_lang": "de", "target_lang": "en",
+                                       "max_train_pairs": 0}, "vocab": sha}
+    assert resume.config_hash(key(tmp_path, save_every_minutes=0.5)) == \
+        resume.config_hash(key(tmp_path))
+    assert resume.config_hash(key(tmp_path, lr=2.0)) != resume.config_hash(key(tmp_path))
+    assert resume.config_hash(key(tmp_path)) == hashlib.sha256(
+        json.dumps(key(tmp_path), sort_keys=True).encode()).hexdigest()
+
+
+def test_a_state_of_other_settings_names_the_first_four_changed(tmp_path):
+    """usable_state: none there; --restart; other settings (dotted names, sorted, four at
+    most); readable and matching: the state itself."""
+    path = tmp_path / "resume.pt"
+    mine = key(tmp_path)
+    assert resume.usable_state(path, mine, restart=False) == (None, "")
+    other = {**key(tmp_path, lr=2.0, warmup=1, a=1, b=2), "seed": 4}
+    torch.save({"format": resume.FORMAT, "config": other,
+                "config_hash": resume.config_hash(other)}, path)
+    assert resume.usable_state(path, mine, restart=True) == (
+        None, "--restart asks for a fresh start")
+    assert resume.usable_state(path, mine, restart=False) == (
+        None, "it was written with other settings (changed: seed, train.a, train.b, train.lr)")
+    assert resume.differences({"x": {"y": {"z": 1}}, "w": 1}, {"x": {"y": {"z": 2}}}) == [
+        "w", "x.y.z"]
+    state = {"format": resume.FORMAT, "config": mine, "config_hash": resume.config_hash(mine)}
+    torch.save(state, path)
+    assert resume.usable_state(path, mine, restart=False) == (state, "")
+
+
+def test_a_state_that_cannot_be_read_says_why(tmp_path, monkeypatch):
+    """read: an unpickling error's type and its first line, cut at 80 characters; a state of
+    another format or none at all."""
+    path = tmp_path / "resume.pt"
+    torch.save({"format": resume.FORMAT - 1}, path)
+    assert resume.read(path) == (None, f"it is not a format-{resume.FORMAT} resume state")
+    torch.save(["format", resume.FORMAT], path)
+    assert resume.read(path) == (None, f"it is not a format-{resume.FORMAT} resume state")
+
+    def refuse(*args, **kwargs):
+        raise EOFError("x" * 90 + "\nsecond line")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(resume.torch, "load", refuse)
+        assert resume.read(path) == (None, f"it is unreadable (EOFError: {'x' * 80})")
+
+
+def test_a_state_set_aside_is_renamed_with_one_warning(tmp_path, caplog):
+    path = tmp_path / "resume.pt"
+    path.write_bytes(b"state")
+    with caplog.at_level(logging.WARNING, logger="nmt.train"):
+        stale = resume.set_aside(path, "it is unreadable")
+    assert stale == tmp_path / "resume.pt.stale" and stale.read_bytes() == b"state"
+    assert not path.exists()
+    assert caplog.messages == [f"set aside {path} as resume.pt.stale: it is unreadable; "
+                               "training starts fresh"]
+
+
+def test_what_a_resumed_run_took_from_the_machine_is_kept_or_both_are_recorded(caplog):
+    """precisions: the state's choices, with one line; none without a state or a record.
+    went_on: the value now, or both with the step, and one warning."""
+    from nmt.training.precision import Choice
+
+    assert resume.precisions(None) is None and resume.precisions({"format": 3}) is None
+    recorded = {"train": {"precision": "bf16", "reason": "measured", "speedup": 1.5},
+                "decode": {"precision": "fp32", "reason": "asked", "speedup": None}}
+    with caplog.at_level(logging.INFO, logger="nmt.train"):
+        kept = resume.precisions({"precisions": recorded})
+        assert resume.went_on("torch threads", None, 4, 9) == 4  # recorded by no state
+        assert resume.went_on("torch threads", 4, 4, 9) == 4
+        both = resume.went_on("torch threads", 7, 1, 14, ", so it differs", "; fix it")
+    assert kept == {"train": Choice("bf16", "measured", 1.5), "decode": Choice("fp32", "asked")}
+    assert both == "7, then 1 from step 14"
+    assert caplog.messages == [
+        "precision kept from the run's start: training bf16, decoding fp32",
+        "torch threads: the run began with 7 and goes on with 1, so it differs (train.json "
+        "records both; fix it)"]
