@@ -118,11 +118,13 @@ def expected_stop(losses: list[float], patience: int) -> int:
     return len(losses)
 
 
-def test_patience_stops_the_run(data, tmp_path):
+def test_patience_stops_the_run(data, tmp_path, caplog):
     # A high lr on 200 pairs overfits: the validation loss turns up within a few epochs.
     settings = {"epochs": 14, "lr": 1.0e-2}
     full, full_history = fit(data, tmp_path, "full", **settings, patience=0)
-    stopped, history = fit(data, tmp_path, "stopped", **settings, patience=2)
+    with caplog.at_level(logging.INFO, logger="nmt.train"):
+        stopped, history = fit(data, tmp_path, "stopped", **settings, patience=2)
+    assert "no better valid loss for 2 epochs: stopping early" in caplog.messages
     assert full["epochs"] == 14
     losses = [float(r["valid_loss"]) for r in full_history]
     stop = expected_stop(losses, 2)
@@ -141,7 +143,8 @@ def test_with_lr_0_every_epoch_reports_the_untrained_models_losses(data, tmp_pat
     both computed here from last.pt by loss.corpus_loss; the epoch's sums start again from 0."""
     params = tiny_params(epochs=2, lr=0.0, label_smoothing=0.0)
     params["model"]["dropout"] = 0.0
-    train(params, train_paths(data, tmp_path, RUN))
+    summary = train(params, train_paths(data, tmp_path, RUN))
+    assert summary["best_epoch"] == 1  # epoch 2 ties it: only a lower loss is better
     model, _ = checkpoint.load(RUN.files(tmp_path).last)
     src, tgt = load_codecs(data["vocab"] / "published")
     losses = {split: corpus_loss(model, Batches(load_pairs(data["tokenized"], split, src, tgt,
@@ -181,6 +184,25 @@ def test_a_training_logs_what_it_read_built_and_reached_line_for_line(data, tmp_
     assert float(averaged) == pytest.approx(summary["averaged_valid_loss"], abs=6e-5)
     assert float(best) == pytest.approx(min(float(r["valid_loss"]) for r in history), abs=6e-5)
     assert len(lines) == 6 and lines[5].startswith(f"wrote {RUN.dir(tmp_path / 'logged')} ")
+
+
+def test_the_best_and_averaged_weights_are_copies_the_training_cannot_change():
+    """loop.cpu_copy: a CPU copy of each weight that a later update (in place) leaves as it
+    was; average_states: the element-wise mean, in each weight's own dtype."""
+    from nmt.training.loop import average_states, cpu_copy
+
+    model = torch.nn.Linear(3, 2)
+    kept = cpu_copy(model)
+    before = {k: v.clone() for k, v in kept.items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    assert all(torch.equal(kept[k], before[k]) for k in before) and not kept["weight"].requires_grad
+    states = [{"w": torch.tensor([1.0, 2.0]), "n": torch.tensor([1, 2])},
+              {"w": torch.tensor([3.0, 5.0]), "n": torch.tensor([3, 5])},
+              {"w": torch.tensor([5.0, 8.0]), "n": torch.tensor([5, 8])}]
+    mean = average_states(states)
+    assert torch.equal(mean["w"], torch.tensor([3.0, 5.0])) and mean["n"].dtype == torch.int64
+    assert torch.equal(mean["n"], torch.tensor([3, 5]))
 
 
 def test_each_epoch_trains_on_its_own_seeded_order():
