@@ -706,6 +706,29 @@ def test_mutate_has_mutmut_mutate_a_module_added_to_only_mutate(tmp_path):
     assert not (tmp_path / added).exists() and (tmp_path / mutated).exists()
 
 
+def test_mutate_of_one_module_goes_on_where_it_stopped(tmp_path):
+    """make mutate MODULE=...: the module's mutants not killed yet (a run stopped half-way, or
+    survivors to meet new tests); every mutant where mutmut has not mutated this version of
+    the source (no results yet, or the source is newer than its mutated copy)."""
+    import json
+    import os
+
+    mutate = load_mutate()
+    path = Path("src/nmt/core/stats.py")
+    assert mutate.names_to_run(path, tmp_path) == ["nmt.core.stats.*"]  # never mutated
+    copy = tmp_path / "mutants" / path
+    copy.parent.mkdir(parents=True)
+    copy.write_text("# mutated\n")
+    copy.with_name(copy.name + ".meta").write_text(json.dumps({
+        "exit_code_by_key": {"nmt.core.stats.x_f__mutmut_1": 1, "nmt.core.stats.x_f__mutmut_2":
+                             None, "nmt.core.stats.x_f__mutmut_3": 3},
+        "durations_by_key": {}, "estimated_durations_by_key": {}}))
+    assert mutate.names_to_run(path, tmp_path) == ["nmt.core.stats.x_f__mutmut_2"]
+    source = (REPO / path).stat().st_mtime
+    os.utime(copy, (source - 10, source - 10))  # the source changed since it was mutated
+    assert mutate.names_to_run(path, tmp_path) == ["nmt.core.stats.*"]
+
+
 def test_mutate_places_a_mutation_on_its_line():
     """tools/mutate.py reads mutmut's diff of a function (counted from its `def`) into the
     mutated line's distance from the `def` and the text before and after."""

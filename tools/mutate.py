@@ -169,13 +169,31 @@ def run_mutmut(profile: Profile, module: str | None = None) -> float:
     workspace(profile)
     for path in forget_unmutated_copies(profile.paths(), profile.root / "mutants"):
         print(f"mutate: {path} was copied into mutants/ unmutated; mutmut mutates it now")
-    names = [module_of(Path(module)) + ".*"] if module else []
+    names = []
+    if module:
+        names = names_to_run(Path(module), profile.root)
+        if not names:
+            print(f"mutate: every mutant of {module} is killed already")
+            return 0.0
     print(f"mutate: profile {profile.name}, in {profile.root.relative_to(ROOT) or '.'}",
           flush=True)
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=profile.root,
                    check=True)
     return (time.monotonic() - start) / 60
+
+
+def names_to_run(path: Path, root: Path) -> list[str]:
+    """mutmut's names of the mutants of `path` to run (in root/mutants/): each not killed yet
+    (not run, survived, untested, timed out), so that a module's run stopped half-way goes on
+    where it stopped and a survivor meets the tests written since (mutmut runs every mutant
+    named, results or not, and without names skips the survivors); the module's every mutant
+    where mutmut has not mutated this version of it (no results, or the source is newer)."""
+    copy = root / "mutants" / path
+    meta = copy.with_name(copy.name + ".meta")
+    if not meta.exists() or (ROOT / path).stat().st_mtime > copy.stat().st_mtime:
+        return [module_of(path) + ".*"]
+    return [m.name for m in mutants_of(path, root) if m.verdict != "killed"]
 
 
 def mutants_of(path: Path, root: Path = ROOT) -> list[Mutant]:
