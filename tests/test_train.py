@@ -55,8 +55,12 @@ def fit(data, tmp_path, name: str, **train_settings) -> tuple[dict, list[dict]]:
     return summary, history
 
 
-def test_max_updates_cuts_the_last_epoch_and_ends_the_decay_at_zero(data, tmp_path):
-    # 200 pairs / 32 = 7 updates an epoch: 10 updates are one epoch and 3 of the next.
+def test_max_updates_cuts_the_last_epoch_and_ends_the_decay_at_zero(data, tmp_path,
+                                                                  monkeypatch):
+    # 200 pairs / 32 = 7 updates an epoch: 10 updates are one epoch and 3 of the next. A stop
+    # planted at update 11 never fires: a run that trained past its budget fails here at
+    # once, where it would otherwise train on until a timeout.
+    monkeypatch.setenv(faults.ENV, "step:11:TERM")
     summary, history = fit(data, tmp_path, "budget", epochs=1, max_updates=10, warmup_steps=2,
                            schedule="linear")
     assert summary["updates"] == 10 and summary["epochs"] == 2
@@ -136,11 +140,14 @@ def test_patience_stops_the_run(data, tmp_path, caplog):
     assert stopped["best_epoch"] == stop - 2
 
 
-def test_with_lr_0_every_epoch_reports_the_untrained_models_losses(data, tmp_path):
+def test_with_lr_0_every_epoch_reports_the_untrained_models_losses(data, tmp_path,
+                                                                  monkeypatch):
     """An oracle for history.csv's losses: at lr 0, without dropout or label smoothing, the
     weights never move, so each epoch's train loss is the model's loss over the whole train
     split (whatever the epoch's order) and its valid loss that over the validation split,
-    both computed here from last.pt by loss.corpus_loss; the epoch's sums start again from 0."""
+    both computed here from last.pt by loss.corpus_loss; the epoch's sums start again from 0.
+    The run ends after its 14 updates: a stop planted at update 15 never fires."""
+    monkeypatch.setenv(faults.ENV, "step:15:TERM")
     params = tiny_params(epochs=2, lr=0.0, label_smoothing=0.0)
     params["model"]["dropout"] = 0.0
     summary = train(params, train_paths(data, tmp_path, RUN))
