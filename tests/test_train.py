@@ -229,6 +229,18 @@ def test_each_epoch_trains_on_its_own_seeded_order():
     assert second == [(idx, True) for idx in batches.indices(1)[1::2]]
 
 
+def test_a_resumed_runs_seconds_add_this_process_to_the_earlier_ones(monkeypatch):
+    """state.spent: each phase's seconds, the earlier processes' (from the resume state) plus
+    this one's; a phase only one side has counts as it is there."""
+    from nmt.training import state
+
+    monkeypatch.setattr(state, "process_seconds", lambda: 5.0)  # this process's wall
+    trainer = SimpleNamespace(clock={"start": 1.0, "end": 2.0})
+    progress = SimpleNamespace(earlier={"wall": 10.0, "start": 3.0, "saving": 0.5})
+    assert state.spent(trainer, progress) == {"end": 2.0, "saving": 0.5, "start": 4.0,
+                                              "wall": 15.0}
+
+
 def test_a_resume_state_is_due_once_save_every_minutes_have_passed(monkeypatch):
     """save_due against a clock set by hand: due at the minute, not a moment before; never
     with save_every_minutes 0; a fraction of a minute counts."""
