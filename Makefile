@@ -41,11 +41,12 @@ coverage: setup  ## the whole test suite, with the line coverage of each module 
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --cov --cov-report=term
 
 # Mutation testing (tools/mutate.py; mutmut, configured in pyproject.toml): mutants of the
-# models and the numeric core, each run against the tests that call its function; writes
-# docs/mutation.md. Long (docs/testing.md gives the minutes), so not part of make test or CI.
-# MODULE=src/nmt/core/stats.py: that module's mutants only.
+# models, the numeric core, the stage code behind the report and the training loop (two
+# profiles), each run against the tests that call its function; writes docs/mutation.md.
+# Long (docs/testing.md gives the minutes), so not part of make test or CI.
+# MODULE=src/nmt/core/stats.py: that module's mutants not killed yet (a stopped run goes on).
 MODULE ?=
-mutate: setup  ## mutation testing of models/ and the numeric core: docs/mutation.md (MODULE=path: one)
+mutate: setup  ## mutation testing (two profiles): docs/mutation.md (MODULE=path: one module)
 	$(BIN)/python tools/mutate.py $(if $(MODULE),--module $(MODULE))
 
 check-data: setup  ## every SHA256SUMS and DVC cache object against the bytes: one line a damaged file (`nmt check`)
