@@ -185,15 +185,18 @@ def run_mutmut(profile: Profile, module: str | None = None) -> float:
 
 def names_to_run(path: Path, root: Path) -> list[str]:
     """mutmut's names of the mutants of `path` to run (in root/mutants/): each not killed yet
-    (not run, survived, untested, timed out), so that a module's run stopped half-way goes on
-    where it stopped and a survivor meets the tests written since (mutmut runs every mutant
-    named, results or not, and without names skips the survivors); the module's every mutant
-    where mutmut has not mutated this version of it (no results, or the source is newer)."""
+    (not run, survived, untested, timed out) and not listed in tests/mutation_equivalent.yaml,
+    so that a module's run stopped half-way goes on where it stopped and a survivor meets the
+    tests written since (mutmut runs every mutant named, results or not, and without names
+    skips the survivors); the module's every mutant where mutmut has not mutated this version
+    of it (no results, or the source is newer). A whole run from a fresh clone runs them all."""
     copy = root / "mutants" / path
     meta = copy.with_name(copy.name + ".meta")
     if not meta.exists() or (ROOT / path).stat().st_mtime > copy.stat().st_mtime:
         return [module_of(path) + ".*"]
-    return [m.name for m in mutants_of(path, root) if m.verdict != "killed"]
+    known = explained()
+    return [m.name for m in mutants_of(path, root)
+            if m.verdict != "killed" and (m.function, m.before, m.after) not in known]
 
 
 def mutants_of(path: Path, root: Path = ROOT) -> list[Mutant]:
