@@ -479,3 +479,29 @@ def test_what_a_resumed_run_took_from_the_machine_is_kept_or_both_are_recorded(c
         "precision kept from the run's start: training bf16, decoding fp32",
         "torch threads: the run began with 7 and goes on with 1, so it differs (train.json "
         "records both; fix it)"]
+
+
+def test_a_stop_is_announced_once_and_torchruns_echo_of_a_ctrl_c_is_not_a_second(capsys,
+                                                                                 monkeypatch):
+    """StopSignals: the first signal asks for a stop with one line on stderr (announce: the
+    main rank only); under torchrun (echo 1 s) a second Ctrl-C within the second after the
+    first is its echo, one after it stops at once; the old handlers come back."""
+    clock = [100.0]
+    monkeypatch.setattr(resume.time, "monotonic", lambda: clock[0])
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignals(echo=1.0) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.signum == signal.SIGINT
+        clock[0] = 100.99
+        os.kill(os.getpid(), signal.SIGINT)  # torchrun passing the terminal's Ctrl-C on
+        clock[0] = 101.0
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert capsys.readouterr().err == (
+        "nmt train: SIGINT: finishing this step, then saving the resume state (Ctrl-C again: "
+        "stop at once)\n")
+    with StopSignals(announce=False) as stop:  # another rank: the main one says it
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.signum == signal.SIGTERM and capsys.readouterr().err == ""
+    assert resume.Stopped(143, "why").code == 143 and str(resume.Stopped(143, "why")) == "why"

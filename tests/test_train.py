@@ -335,8 +335,14 @@ def test_a_resumed_run_keeps_the_precision_it_began_with(data, tmp_path, monkeyp
     monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path / "cache"))
     whole, _ = fit(data, tmp_path, "whole", precision="auto")
     monkeypatch.setenv(faults.ENV, "step:10:TERM")  # SIGTERM after update 10 (of 21)
-    with pytest.raises(resume.Stopped):
+    with pytest.raises(resume.Stopped) as stop:
         fit(data, tmp_path, "stopped", precision="auto")
+    state = RUN.files(tmp_path / "stopped").resume
+    assert stop.value.code == 143 and str(stop.value) == (
+        f"stopped by SIGTERM at epoch 2, step 10 of 21; kept {state} (epoch 2, step 10 of "
+        "21); `nmt train --recipe published --model scratch "
+        "--seed 0` (same options) again resumes from there (best.pt, last.pt, history.csv, "
+        "train.json appear when training completes)")
     monkeypatch.delenv(faults.ENV)
     monkeypatch.setattr(precision_timing, "measure", calibration_preferring("bf16"))
     monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path / "another cache"))
