@@ -173,9 +173,9 @@ def run_mutmut(profile: Profile, module: str | None = None) -> float:
     if module:
         names = names_to_run(Path(module), profile.root)
         if not names:
-            print(f"mutate: every mutant of {module} is killed already")
+            print(f"mutate: every mutant of {module} is killed, or listed as equivalent")
             return 0.0
-    print(f"mutate: profile {profile.name}, in {profile.root.relative_to(ROOT) or '.'}",
+    print(f"mutate: profile {profile.name}, in {profile.root.relative_to(ROOT)}",
           flush=True)
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=profile.root,
