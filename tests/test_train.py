@@ -352,6 +352,27 @@ def test_a_resumed_run_keeps_the_precision_it_began_with(data, tmp_path, monkeyp
     assert_same_outputs(RUN.dir(tmp_path / "whole"), RUN.dir(tmp_path / "stopped"))
 
 
+def test_a_second_ctrl_c_before_any_state_stops_at_once_and_says_nothing_is_kept(
+        data, tmp_path, monkeypatch):
+    """Two Ctrl-Cs at update 3, before any resume state was written: exit 130 at once, and
+    the line says a rerun starts afresh (the planted SIGINT is the second: the first is sent
+    just before it, as faults.before_kill runs its functions first)."""
+    import os
+    import signal
+
+    def first_ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(faults, "_before_kill", [*faults._before_kill, first_ctrl_c])
+    monkeypatch.setenv(faults.ENV, "step:3:INT")
+    with pytest.raises(resume.Stopped) as stop:
+        fit(data, tmp_path, "interrupted")
+    assert stop.value.code == 130 and str(stop.value) == (
+        "interrupted at once; no resume state was written yet; `nmt train --recipe published "
+        "--model scratch --seed 0` (same options) again starts afresh")
+    assert not RUN.files(tmp_path / "interrupted").resume.exists()
+
+
 def test_a_run_trains_alike_whether_its_precision_was_measured_or_cached(data, tmp_path,
                                                                          monkeypatch):
     """Measuring draws from torch's generators; the run's dropout masks must not see it."""
