@@ -17,10 +17,11 @@ from nmt.core.checkpoint import load, save
 from nmt.core.codecs import BOS_ID, EOS_ID, UNK_ID, load_codecs
 from nmt.core.data import Batches, load_pairs
 from nmt.core.decoding import DecodeConfig, translate_batches
+from nmt.core.errors import NmtError
 from nmt.core.loss import corpus_loss
 from nmt.core.records import RECORD, recorded_stage
 from nmt.core.runs import Run
-from nmt.core.runtime import autocast, limit_attention_kernels
+from nmt.core.runtime import GPU_MEMORY_ENV, autocast, limit_attention_kernels
 from nmt.core.text import read_lines
 from nmt.core.unknowns import detokenize_outputs, source_surfaces
 from nmt.models import ModelConfig, build_model
@@ -334,6 +335,32 @@ def test_evaluate_copies_each_unk_from_its_source(prepared, tokenized, tmp_path)
                 # copied "." or "," joins the word before it)
                 assert line and "<unk>" not in line, line
                 assert all(any(w in word for w in words) for word in line.split()), (line, words)
+
+
+def test_evaluate_scores_only_the_runs_own_best_pt_trained_as_the_recipe_says(
+        prepared, tokenized, tmp_path, caplog, monkeypatch):
+    """A baseline's best.pt in scratch's folder, or a best.pt the recipe's settings no longer
+    describe, is refused before anything is written; NMT_GPU_MEM_MB on a CPU: one line."""
+    run = Run("published", "scratch", 0)
+    files = run.files(tmp_path)
+    paths = Paths(tokenized, prepared["word"], files)
+    monkeypatch.setenv(GPU_MEMORY_ENV, "100")
+    save_run(run.dir(tmp_path), "baseline", "published", prepared["word"])
+    with caplog.at_level(logging.INFO, logger="nmt"), pytest.raises(NmtError) as refused:
+        evaluate(tiny_params(), paths)
+    assert f"{GPU_MEMORY_ENV}=100: no CUDA memory to bound on cpu" in caplog.messages
+    assert str(refused.value) == (
+        f"{files.best} holds a baseline model of recipe published, expected a scratch model of "
+        "recipe published (fix: re-run `nmt train --recipe published --model scratch --seed "
+        "0`, or put that run's own best.pt there)")
+    save_run(run.dir(tmp_path), "scratch", "published", prepared["word"])
+    settings = tiny_params()
+    settings["train"]["lr"] *= 2
+    with pytest.raises(NmtError) as refused:
+        evaluate(settings, paths)
+    assert str(refused.value).startswith(f"{files.best} was trained with other settings than "
+                                         "recipe published has now: train.lr"), refused.value
+    assert sorted(p.name for p in run.dir(tmp_path).iterdir()) == ["best.pt"]
 
 
 def test_nmt_evaluate_scores_the_seed_it_is_given(prepared, tokenized, tmp_path, params_file,
