@@ -363,6 +363,36 @@ def test_evaluate_scores_only_the_runs_own_best_pt_trained_as_the_recipe_says(
     assert sorted(p.name for p in run.dir(tmp_path).iterdir()) == ["best.pt"]
 
 
+def test_evaluate_decodes_in_the_precision_its_recipe_recorded(prepared, tokenized, tmp_path,
+                                                                monkeypatch):
+    """train.precision auto on a CPU: evaluate takes the decoding precision the recipe's first
+    run recorded in results/precision/<recipe>.json (bf16 here), measuring nothing (a
+    measurement fails this test), as the trainings it scores did."""
+    from nmt.training import precision_cache, precision_timing
+    from nmt.training.precision_cache import machine
+
+    def measured(workload):
+        raise AssertionError("evaluate measured the precision its recipe recorded")
+
+    monkeypatch.setattr(precision_timing, "measure", measured)
+    monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path / "cache"))
+    run = Run("published", "scratch", 0)
+    save_run(run.dir(tmp_path), "scratch", "published", prepared["word"])
+    record = tmp_path / "precision" / "published.json"
+    record.parent.mkdir()
+    record.write_text(json.dumps({
+        "machine": machine(), "decided": "2026-11-29T12:00:00+00:00",
+        "train": {"precision": "fp32", "reason": "planted", "speedup": None},
+        "decode": {"precision": "bf16", "reason": "planted", "speedup": 1.5}}))
+    settings = tiny_params()
+    settings["train"]["precision"] = "auto"
+    evaluate(settings, Paths(tokenized, prepared["word"], run.files(tmp_path)))
+    about = json.loads(run.files(tmp_path).evaluation.read_text())
+    assert (about["precision"], about["bf16_speedup"]) == ("bf16", 1.5)
+    assert about["precision_reason"] == (f"planted (recorded for the recipe in {record} by its "
+                                         "first run here, 2026-11-29T12:00:00+00:00)")
+
+
 def test_nmt_evaluate_scores_the_seed_it_is_given(prepared, tokenized, tmp_path, params_file,
                                                   capsys):
     """`nmt evaluate --seed 1` reads and writes published-scratch-s1, not seed 0's folder;
