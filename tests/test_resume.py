@@ -173,12 +173,22 @@ def test_resume_state_outside_the_declared_outputs(setup):
     assert "resume.pt" in (REPO / ".dvcignore").read_text()
 
 
+def only_asks(sig: int) -> None:
+    """Send `sig` to this process, which must only ask for a stop: a KeyboardInterrupt here
+    fails the test (left to escape, it would stop pytest instead, which counts as no
+    failure)."""
+    try:
+        os.kill(os.getpid(), sig)
+    except KeyboardInterrupt:
+        pytest.fail(f"{signal.Signals(sig).name} stopped at once")
+
+
 def test_second_ctrl_c_stops_at_once():
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when started in the background (nohup)
     with StopSignals() as stop:
-        os.kill(os.getpid(), signal.SIGTERM)
+        only_asks(signal.SIGTERM)
         assert stop.signum == signal.SIGTERM  # the first only asks
-        os.kill(os.getpid(), signal.SIGTERM)  # (torchrun's shutdown repeats it): still asking
+        only_asks(signal.SIGTERM)  # (torchrun's shutdown repeats it): still asking
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before  # restored
@@ -427,6 +437,7 @@ def test_a_state_of_other_settings_names_the_first_four_changed(tmp_path):
         None, "it was written with other settings (changed: seed, train.a, train.b, train.lr)")
     assert resume.differences({"x": {"y": {"z": 1}}, "w": 1}, {"x": {"y": {"z": 2}}}) == [
         "w", "x.y.z"]
+    assert resume.differences({"x": {"y": 1}, "v": 2}, {"x": 5, "v": {"y": 1}}) == ["v", "x"]
     state = {"format": resume.FORMAT, "config": mine, "config_hash": resume.config_hash(mine)}
     torch.save(state, path)
     assert resume.usable_state(path, mine, restart=False) == (state, "")
@@ -490,10 +501,10 @@ def test_a_stop_is_announced_once_and_torchruns_echo_of_a_ctrl_c_is_not_a_second
     monkeypatch.setattr(resume.time, "monotonic", lambda: clock[0])
     before = signal.getsignal(signal.SIGTERM)
     with StopSignals(echo=1.0) as stop:
-        os.kill(os.getpid(), signal.SIGINT)
+        only_asks(signal.SIGINT)
         assert stop.signum == signal.SIGINT
         clock[0] = 100.99
-        os.kill(os.getpid(), signal.SIGINT)  # torchrun passing the terminal's Ctrl-C on
+        only_asks(signal.SIGINT)  # torchrun passing the terminal's Ctrl-C on
         clock[0] = 101.0
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
@@ -505,3 +516,31 @@ def test_a_stop_is_announced_once_and_torchruns_echo_of_a_ctrl_c_is_not_a_second
         os.kill(os.getpid(), signal.SIGTERM)
     assert stop.signum == signal.SIGTERM and capsys.readouterr().err == ""
     assert resume.Stopped(143, "why").code == 143 and str(resume.Stopped(143, "why")) == "why"
+
+
+def test_a_resumed_graphed_run_gets_its_lr_back_as_a_tensor_on_its_device(tmp_path):
+    """With CUDA graphs (train.cuda_graphs) the captured Adam reads its lr from a tensor on
+    the device: restore puts the state's lr (a number here; a tensor read to the CPU when the
+    state was written under graphs) back as one, with the state's value."""
+    from types import SimpleNamespace
+
+    from nmt.training.distributed import World
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.5))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    written = optimizer.state_dict()
+    written["param_groups"][0]["lr"] = 0.25
+    state = {"model": model.state_dict(), "optimizer": written,
+             "scheduler": scheduler.state_dict(), "progress": {},
+             "ranks": [{"rng": resume.rng_state(torch.device("cpu")), "loss_sum": 0.0,
+                        "tokens": 0, "sums": {}}]}
+    trainer = SimpleNamespace(
+        update=SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler,
+                               graphs=object()),  # graphs: the updates it replays
+        device=torch.device("cpu"), world=World(), attention_kernels="any", threads=1,
+        paths=SimpleNamespace(run=SimpleNamespace(resume=tmp_path / "resume.pt")),
+        total_updates=30, plan=lambda epoch: [None] * 10, saved="")
+    resume.restore(trainer, state)
+    lr = optimizer.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor) and lr.device == trainer.device and lr.item() == 0.25
