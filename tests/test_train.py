@@ -384,7 +384,7 @@ def test_a_run_trains_alike_whether_its_precision_was_measured_or_cached(data, t
 
 
 def test_a_resumed_run_records_each_route_of_attention_kernels_it_took(data, tmp_path,
-                                                                       monkeypatch):
+                                                                       monkeypatch, caplog):
     """The kernels are not kept across a resume (a route leaves out one found wrong on this
     machine), but train.json says the run took both routes, and from which update on."""
     monkeypatch.setenv(ATTENTION_KERNELS_ENV, "efficient,math")
@@ -394,10 +394,13 @@ def test_a_resumed_run_records_each_route_of_attention_kernels_it_took(data, tmp
             fit(data, tmp_path, "stopped", epochs=2)
         monkeypatch.delenv(faults.ENV)
         monkeypatch.setenv(ATTENTION_KERNELS_ENV, "flash,math")
-        resumed, _ = fit(data, tmp_path, "stopped", epochs=2)
+        with caplog.at_level(logging.WARNING, logger="nmt.train"):
+            resumed, _ = fit(data, tmp_path, "stopped", epochs=2)
     finally:
         limit_attention_kernels("any")  # every kernel again, for the tests after this one
     assert resumed["attention_kernels"] == "efficient,math, then flash,math from step 10"
+    assert caplog.messages == ["attention kernels: the run began with efficient,math and goes "
+                               "on with flash,math (train.json records both)"]
 
 
 def test_a_sentence_batch_larger_than_the_train_split_is_refused_before_any_work(prepared,
