@@ -551,3 +551,23 @@ def test_a_resumed_graphed_run_gets_its_lr_back_as_a_tensor_on_its_device(tmp_pa
     lr = optimizer.param_groups[0]["lr"]
     assert isinstance(lr, torch.Tensor) and lr.device == trainer.device
     assert device == "meta" or lr.item() == 0.25  # a meta tensor holds no value
+
+
+def test_a_state_written_on_a_gpu_is_read_on_a_cpu_and_a_pickle_never(tmp_path, monkeypatch):
+    """read loads every tensor to the CPU (a state of a GPU run records cuda:0, which a
+    machine without CUDA cannot place), and only tensors and plain types, even where
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 turns torch.load's default to full unpickling."""
+    import io
+
+    from test_robustness import as_if_saved_on_a_gpu, torch_bytes
+
+    path = tmp_path / "resume.pt"
+    torch.save({"format": resume.FORMAT, "model": {"w": torch.ones(2)}}, path)
+    path.write_bytes(as_if_saved_on_a_gpu(path.read_bytes()))
+    state, why = resume.read(path)
+    assert why == "" and state["model"]["w"].device.type == "cpu"
+    assert torch.equal(state["model"]["w"], torch.ones(2))
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    path.write_bytes(torch_bytes({"format": resume.FORMAT, "model": io.BytesIO}))
+    state, why = resume.read(path)
+    assert state is None and why.startswith("it is unreadable (UnpicklingError: "), why
