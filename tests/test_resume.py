@@ -571,3 +571,52 @@ def test_a_state_written_on_a_gpu_is_read_on_a_cpu_and_a_pickle_never(tmp_path, 
     path.write_bytes(torch_bytes({"format": resume.FORMAT, "model": io.BytesIO}))
     state, why = resume.read(path)
     assert state is None and why.startswith("it is unreadable (UnpicklingError: "), why
+
+
+def test_a_resume_state_holds_what_restore_reads_and_its_time_adds_up(tmp_path, monkeypatch):
+    """save hands the writer one state: the format, the key and its hash, what the run took
+    from the machine, CPU snapshots of the weights, optimizer, schedule and each rank's
+    generators and sums, and the progress with the seconds so far; each save's time adds to
+    the run's "saving" seconds (a clock that moves one second a reading: two saves, 2 s)."""
+    from types import SimpleNamespace
+
+    from nmt.training import state as training_state
+    from nmt.training.distributed import World
+    from nmt.training.precision import Choice
+    from nmt.training.state import Progress
+
+    ticks = iter(range(100))
+    monkeypatch.setattr(resume.time, "perf_counter", lambda: float(next(ticks)))
+    monkeypatch.setattr(training_state, "process_seconds", lambda: 9.0)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    written = []
+    key = {"run": "published-scratch-s0"}
+    trainer = SimpleNamespace(
+        world=World(), device=torch.device("cpu"), resume_key=key, total_updates=30,
+        update=SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler),
+        writer=SimpleNamespace(submit=lambda path, state: written.append((path, state))),
+        paths=SimpleNamespace(run=SimpleNamespace(resume=tmp_path / "resume.pt")),
+        precisions={"train": Choice("fp32", "asked"), "decode": Choice("bf16", "measured", 1.5)},
+        attention_kernels="any", threads=2, clock={"start": 1.0}, saved="", last_save=0.0)
+    progress = Progress(epoch=2, step=12, loss_sum=3.5, tokens=7, sums={"grad_norm": 1.5})
+    resume.save(trainer, progress)
+    resume.save(trainer, progress)
+    assert trainer.clock == {"start": 1.0, "saving": 2.0} and trainer.saved == (
+        "epoch 2, step 12 of 30")
+    path, state = written[0]
+    assert path == tmp_path / "resume.pt" and state["format"] == resume.FORMAT
+    assert (state["config"], state["config_hash"]) == (key, resume.config_hash(key))
+    assert state["precisions"] == {
+        "train": {"precision": "fp32", "reason": "asked", "speedup": None},
+        "decode": {"precision": "bf16", "reason": "measured", "speedup": 1.5}}
+    assert (state["attention_kernels"], state["threads"]) == ("any", 2)
+    assert torch.equal(state["model"]["weight"], model.weight.detach())
+    assert state["optimizer"]["param_groups"][0]["lr"] == 0.5
+    assert state["scheduler"] == scheduler.state_dict()
+    [rank] = state["ranks"]
+    assert (rank["loss_sum"], rank["tokens"], rank["sums"]) == (3.5, 7, {"grad_norm": 1.5})
+    assert torch.equal(rank["rng"]["torch"], torch.get_rng_state())
+    assert state["progress"]["epoch"] == 2 and state["progress"]["step"] == 12
+    assert state["progress"]["earlier"] == {"start": 1.0, "wall": 9.0}
