@@ -8,6 +8,7 @@ each restores what it changes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -92,20 +93,28 @@ def test_a_live_snakemake_marker_refuses_and_a_stale_one_does_not(tmp_path):
     orchestrators.refuse_others(tmp_path, "nmt train")  # the killed run's marker is stale
 
 
-def test_dvc_holding_its_lock_is_seen_and_released_lock_is_not(tmp_path):
+@contextlib.contextmanager
+def dvc_lock_held(root: Path):
+    """A DVC repository in root (a new one) whose lock another process holds: that process,
+    until the block ends (then killed)."""
     from tiny import BIN
 
-    subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_DVC_LOCK, str(tmp_path)],
+    subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=root, check=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_DVC_LOCK, str(root)],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert orchestrators.dvc_holder(tmp_path) == holder.pid
-        with pytest.raises(NmtError, match=f"dvc \\(pid {holder.pid}\\) is running"):
-            orchestrators.refuse_others(tmp_path, "snakemake")
+        yield holder
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_dvc_holding_its_lock_is_seen_and_released_lock_is_not(tmp_path):
+    with dvc_lock_held(tmp_path) as holder:
+        assert orchestrators.dvc_holder(tmp_path) == holder.pid
+        with pytest.raises(NmtError, match=f"dvc \\(pid {holder.pid}\\) is running"):
+            orchestrators.refuse_others(tmp_path, "snakemake")
     assert orchestrators.dvc_holder(tmp_path) is None  # the lock file stays; the flock is gone
 
 
@@ -126,14 +135,8 @@ sys.exit(subprocess.run([sys.executable, "-c", job, root]).returncode)
 
 
 def test_a_job_of_the_snakemake_holding_the_folder_goes_on_while_dvc_holds_its_lock(tmp_path):
-    from tiny import BIN
-
-    subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_DVC_LOCK, str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        src = Path(orchestrators.__file__).parents[2]
+    src = Path(orchestrators.__file__).parents[2]
+    with dvc_lock_held(tmp_path) as holder:
         snakemake = subprocess.run(  # "snakemake" in its command line, as _alive looks for
             [sys.executable, "-c", JOB_OF_SNAKEMAKE, str(tmp_path), "snakemake"],
             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)})
@@ -141,9 +144,6 @@ def test_a_job_of_the_snakemake_holding_the_folder_goes_on_while_dvc_holds_its_l
         # the same job with no Snakemake holding the folder (the marker's process is gone)
         with pytest.raises(NmtError, match=f"dvc \\(pid {holder.pid}\\) is running"):
             orchestrators.refuse_others(tmp_path, "nmt verify")
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_a_dvc_repro_running_a_stage_is_seen(tmp_path):

@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from nmt import cli
 from nmt.core.errors import NmtError
 from nmt.core.runs import Run
 from nmt.training import resume, state_writer
+from nmt.training.distributed import World
 from nmt.training.resume import StopSignals
 from train_helpers import (
     assert_same_outputs,
@@ -520,6 +522,22 @@ def test_a_stop_is_announced_once_and_torchruns_echo_of_a_ctrl_c_is_not_a_second
     assert resume.Stopped(143, "why").code == 143 and str(resume.Stopped(143, "why")) == "why"
 
 
+def stand_in_trainer(tmp_path: Path, lr, device: str = "cpu", **fields) -> SimpleNamespace:
+    """What resume.save and resume.restore read of a Trainer, around a 2x2 linear model with
+    Adam at `lr` and a constant schedule (a run's parts, without its data); `fields`: what a
+    test adds or sets otherwise."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return SimpleNamespace(**{
+        "update": SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler,
+                                  graphs=None),
+        "device": torch.device(device), "world": World(), "total_updates": 30,
+        "attention_kernels": "any", "threads": 1, "saved": "",
+        "paths": SimpleNamespace(run=SimpleNamespace(resume=tmp_path / "resume.pt")),
+        **fields})
+
+
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_a_resumed_graphed_run_gets_its_lr_back_as_a_tensor_on_its_device(tmp_path, device):
     """With CUDA graphs (train.cuda_graphs) the captured Adam reads its lr from a tensor on
@@ -527,28 +545,19 @@ def test_a_resumed_graphed_run_gets_its_lr_back_as_a_tensor_on_its_device(tmp_pa
     state was written under graphs) back as one, with the state's value. `meta` stands for a
     GPU: a device that is not the CPU, which a CPU has. The state holds a CUDA generator's
     state too (written on a GPU): where the run goes on, without CUDA, it is let be."""
-    from types import SimpleNamespace
-
-    from nmt.training.distributed import World
-
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.5))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    written = optimizer.state_dict()
+    trainer = stand_in_trainer(tmp_path, lr=torch.tensor(0.5), device=device,
+                               plan=lambda epoch: [None] * 10)
+    update = trainer.update
+    update.graphs = object()  # the updates it replays
+    written = update.optimizer.state_dict()
     written["param_groups"][0]["lr"] = 0.25
-    state = {"model": model.state_dict(), "optimizer": written,
-             "scheduler": scheduler.state_dict(), "progress": {},
+    state = {"model": update.model.state_dict(), "optimizer": written,
+             "scheduler": update.scheduler.state_dict(), "progress": {},
              "ranks": [{"rng": {**resume.rng_state(torch.device("cpu")),  # written on a GPU
                                 "cuda": torch.zeros(16, dtype=torch.uint8)},
                         "loss_sum": 0.0, "tokens": 0, "sums": {}}]}
-    trainer = SimpleNamespace(
-        update=SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler,
-                               graphs=object()),  # graphs: the updates it replays
-        device=torch.device(device), world=World(), attention_kernels="any", threads=1,
-        paths=SimpleNamespace(run=SimpleNamespace(resume=tmp_path / "resume.pt")),
-        total_updates=30, plan=lambda epoch: [None] * 10, saved="")
     resume.restore(trainer, state)
-    lr = optimizer.param_groups[0]["lr"]
+    lr = update.optimizer.param_groups[0]["lr"]
     assert isinstance(lr, torch.Tensor) and lr.device == trainer.device
     assert device == "meta" or lr.item() == 0.25  # a meta tensor holds no value
 
@@ -578,28 +587,20 @@ def test_a_resume_state_holds_what_restore_reads_and_its_time_adds_up(tmp_path, 
     from the machine, CPU snapshots of the weights, optimizer, schedule and each rank's
     generators and sums, and the progress with the seconds so far; each save's time adds to
     the run's "saving" seconds (a clock that moves one second a reading: two saves, 2 s)."""
-    from types import SimpleNamespace
-
     from nmt.training import state as training_state
-    from nmt.training.distributed import World
     from nmt.training.precision import Choice
     from nmt.training.state import Progress
 
     ticks = iter(range(100))
     monkeypatch.setattr(resume.time, "perf_counter", lambda: float(next(ticks)))
     monkeypatch.setattr(training_state, "process_seconds", lambda: 9.0)
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.5)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     written = []
     key = {"run": "published-scratch-s0"}
-    trainer = SimpleNamespace(
-        world=World(), device=torch.device("cpu"), resume_key=key, total_updates=30,
-        update=SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler),
+    trainer = stand_in_trainer(
+        tmp_path, lr=0.5, resume_key=key, threads=2, clock={"start": 1.0}, last_save=0.0,
         writer=SimpleNamespace(submit=lambda path, state: written.append((path, state))),
-        paths=SimpleNamespace(run=SimpleNamespace(resume=tmp_path / "resume.pt")),
-        precisions={"train": Choice("fp32", "asked"), "decode": Choice("bf16", "measured", 1.5)},
-        attention_kernels="any", threads=2, clock={"start": 1.0}, saved="", last_save=0.0)
+        precisions={"train": Choice("fp32", "asked"), "decode": Choice("bf16", "measured", 1.5)})
+    model, scheduler = trainer.update.model, trainer.update.scheduler
     progress = Progress(epoch=2, step=12, loss_sum=3.5, tokens=7, sums={"grad_norm": 1.5})
     resume.save(trainer, progress)
     resume.save(trainer, progress)
