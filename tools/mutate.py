@@ -1,4 +1,5 @@
-"""`make mutate`: mutation testing of the models and the numeric core, and its summary.
+"""`make mutate`: mutation testing of the models, the numeric core, the stage code behind the
+report and the training loop, and its summary.
 
     python tools/mutate.py                                   # every module of every profile
     python tools/mutate.py --module src/nmt/core/stats.py    # one module's mutants
@@ -76,6 +77,11 @@ class Mutant:
     def key(self) -> str:
         """mutmut's name of the function: x_name, or xǁClassǁname for a method."""
         return self.name.rsplit(".", 1)[1].split("__mutmut_")[0]
+
+    @property
+    def change(self) -> tuple[str, str, str]:
+        """(function, before, after): how tests/mutation_equivalent.yaml names the mutation."""
+        return self.function, self.before, self.after
 
     @property
     def function(self) -> str:
@@ -196,7 +202,7 @@ def names_to_run(path: Path, root: Path) -> list[str]:
         return [module_of(path) + ".*"]
     known = explained()
     return [m.name for m in mutants_of(path, root)
-            if m.verdict != "killed" and (m.function, m.before, m.after) not in known]
+            if m.verdict != "killed" and m.change not in known]
 
 
 def mutants_of(path: Path, root: Path = ROOT) -> list[Mutant]:
@@ -272,15 +278,14 @@ def summary(minutes: float | None) -> str:
     for path, root in ((path, profile.root) for profile in profiles()
                        for path in profile.paths()):
         mutants = mutants_of(path, root)
-        status = {m: known.get((m.function, m.before, m.after), (m.verdict, ""))[0]
+        status = {m: known.get(m.change, (m.verdict, ""))[0]
                   if m.verdict in ALIVE else m.verdict for m in mutants}
-        used |= {(m.function, m.before, m.after) for m in mutants if m.verdict in ALIVE}
+        used |= {m.change for m in mutants if m.verdict in ALIVE}
         if any(m.verdict != "not run" for m in mutants):
             ran.add(module_of(path))
         count = Counter(status.values()) + Counter(mutants=len(mutants))
         found = [survivor_line(m) for m in mutants if status[m] in ALIVE]
-        unreachable = [survivor_line(m, f"{status[m]}: " + known[m.function, m.before,
-                                                                   m.after][1])
+        unreachable = [survivor_line(m, f"{status[m]}: " + known[m.change][1])
                        for m in mutants if status[m] in APART]
         if count["not run"] == len(mutants):  # none ran here (none: no mutants/ at all)
             count, found, unreachable = earlier(path, written) or (count, found, unreachable)
