@@ -63,6 +63,13 @@ def save_run(run_dir, name: str, recipe: str, vocab_dir) -> None:
          src_vocab_size=len(src), tgt_vocab_size=len(tgt), params=tiny_params())
 
 
+def evaluated(settings: dict, prepared, tokenized, files) -> tuple[dict, dict]:
+    """evaluate of the run whose folder `files` names (its best.pt saved there), against the
+    prepared word vocabulary: (metrics, evaluation.json)."""
+    metrics = evaluate(settings, Paths(tokenized, prepared["word"], files))
+    return metrics, json.loads(files.evaluation.read_text())
+
+
 def test_references_score_100_against_themselves(prepared):
     refs = read_lines(prepared["tokenized"] / "test_2016_flickr.en.txt")
     s = score(refs, refs)
@@ -280,8 +287,7 @@ def test_evaluate_in_bf16_scores_and_decodes_in_bf16(prepared, tokenized, tmp_pa
     save_run(run.dir(tmp_path), "scratch", "published", prepared["word"])
     settings = tiny_params()
     settings["train"]["precision"] = "bf16"
-    metrics = evaluate(settings, Paths(tokenized, prepared["word"], run.files(tmp_path)))
-    about = json.loads((run.dir(tmp_path) / "evaluation.json").read_text())
+    metrics, about = evaluated(settings, prepared, tokenized, run.files(tmp_path))
     assert about["precision"] == "bf16"
     model, codecs = load(run.dir(tmp_path) / "best.pt")[0], load_codecs(prepared["word"])
     pairs = load_pairs(tokenized, TESTSETS[0], *codecs, TINY.max_len)
@@ -315,8 +321,7 @@ def test_evaluate_copies_each_unk_from_its_source(prepared, tokenized, tmp_path)
     settings = tiny_params()
     settings["evaluate"]["attention_example"] = 10**6  # past the end: the last sentence
     settings["evaluate"]["max_len_a"] = 10  # outputs may run to the model's cap, not a * source
-    evaluate(settings, Paths(tokenized, prepared["word"], run.files(tmp_path)))
-    about = json.loads((run.dir(tmp_path) / "evaluation.json").read_text())
+    _, about = evaluated(settings, prepared, tokenized, run.files(tmp_path))
     src_codec = load_codecs(prepared["word"])[0]
     attention = json.loads((run.dir(tmp_path) / "attention.json").read_text())
     assert attention["translation"] == read_lines(
@@ -386,8 +391,7 @@ def test_evaluate_decodes_in_the_precision_its_recipe_recorded(prepared, tokeniz
         "decode": {"precision": "bf16", "reason": "planted", "speedup": 1.5}}))
     settings = tiny_params()
     settings["train"]["precision"] = "auto"
-    evaluate(settings, Paths(tokenized, prepared["word"], run.files(tmp_path)))
-    about = json.loads(run.files(tmp_path).evaluation.read_text())
+    _, about = evaluated(settings, prepared, tokenized, run.files(tmp_path))
     assert (about["precision"], about["bf16_speedup"]) == ("bf16", 1.5)
     assert about["precision_reason"] == (f"planted (recorded for the recipe in {record} by its "
                                          "first run here, 2026-11-29T12:00:00+00:00)")
