@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 import math
 import re
+import signal
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 from nmt.core import checkpoint
-from nmt.core.codecs import load_codecs
+from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.data import Batches, load_pairs
 from nmt.core.errors import NmtError
 from nmt.core.loss import corpus_loss
@@ -142,11 +144,13 @@ def test_patience_stops_the_run(data, tmp_path, caplog):
 
 def test_with_lr_0_every_epoch_reports_the_untrained_models_losses(data, tmp_path,
                                                                   monkeypatch):
-    """An oracle for history.csv's losses: at lr 0, without dropout or label smoothing, the
+    """An oracle for history.csv's numbers: at lr 0, without dropout or label smoothing, the
     weights never move, so each epoch's train loss is the model's loss over the whole train
     split (whatever the epoch's order) and its valid loss that over the validation split,
-    both computed here from last.pt by loss.corpus_loss; the epoch's sums start again from 0.
-    The run ends after its 14 updates: a stop planted at update 15 never fires."""
+    both computed here from last.pt by loss.corpus_loss; its grad_norm is the mean over the
+    epoch's 7 updates of the gradient norm of each batch's per-token loss, computed here
+    batch by batch in the epoch's seeded order. The epoch's sums start again from 0. The run
+    ends after its 14 updates: a stop planted at update 15 never fires."""
     monkeypatch.setenv(faults.ENV, "step:15:TERM")
     params = tiny_params(epochs=2, lr=0.0, label_smoothing=0.0)
     params["model"]["dropout"] = 0.0
@@ -154,16 +158,34 @@ def test_with_lr_0_every_epoch_reports_the_untrained_models_losses(data, tmp_pat
     assert summary["best_epoch"] == 1  # epoch 2 ties it: only a lower loss is better
     model, _ = checkpoint.load(RUN.files(tmp_path).last)
     src, tgt = load_codecs(data["vocab"] / "published")
-    losses = {split: corpus_loss(model, Batches(load_pairs(data["tokenized"], split, src, tgt,
-                                                           256), "sentences", 32, 0,
+    pairs = {split: load_pairs(data["tokenized"], split, src, tgt, 256)
+             for split in ("train", "val")}
+    losses = {split: corpus_loss(model, Batches(pairs[split], "sentences", 32, 0,
                                                 shuffle=False), "cpu")
               for split in ("train", "val")}
     with open(RUN.files(tmp_path).history) as f:
         history = list(csv.DictReader(f))
     assert [row["epoch"] for row in history] == ["1", "2"]
-    for row in history:
+    order = Batches.for_training(pairs["train"], params["train"], RUN.seed)
+    for epoch, row in enumerate(history):
         assert float(row["train_loss"]) == pytest.approx(losses["train"], abs=1e-5), row
         assert float(row["valid_loss"]) == pytest.approx(losses["val"], abs=1e-5), row
+        norms = [batch_gradient_norm(model, *order.batch(idx)) for idx in order.indices(epoch)]
+        assert len(norms) == 7
+        assert float(row["grad_norm"]) == pytest.approx(sum(norms) / 7, abs=1e-5), row
+        for name in ("train_loss", "valid_loss", "grad_norm"):  # five places, as the log reads
+            assert re.fullmatch(r"\d+\.\d{1,5}", row[name]), row
+
+
+def batch_gradient_norm(model: torch.nn.Module, src: torch.Tensor, tgt: torch.Tensor) -> float:
+    """The norm of the gradient of one batch's per-token cross-entropy (pads ignored)."""
+    model.zero_grad(set_to_none=True)
+    logits = model(src, tgt[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(),
+                                             ignore_index=PAD_ID)
+    loss.backward()
+    return float(torch.cat([p.grad.flatten() for p in model.parameters()
+                            if p.grad is not None]).norm())
 
 
 def test_a_training_logs_what_it_read_built_and_reached_line_for_line(data, tmp_path, caplog):
@@ -210,6 +232,130 @@ def test_the_best_and_averaged_weights_are_copies_the_training_cannot_change():
     mean = average_states(states)
     assert torch.equal(mean["w"], torch.tensor([3.0, 5.0])) and mean["n"].dtype == torch.int64
     assert torch.equal(mean["n"], torch.tensor([3, 5]))
+    alone = average_states(states[:1])  # the mean of one state is that state
+    assert alone.keys() == states[0].keys()
+    assert all(torch.equal(alone[k], states[0][k]) for k in alone)
+
+
+class TwoEqualRanks:
+    """A stand-in World of two ranks that hold the same numbers: a sum over them is twice
+    this rank's. It keeps each tensor it was given, as an all-reduce receives it."""
+
+    rank, size, main = 0, 2, True
+
+    def __init__(self):
+        self.given = []
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        self.given.append(values)
+        return values * 2
+
+
+def test_an_epochs_row_is_its_means_over_updates_and_ranks_in_five_places():
+    """loop.epoch_row against numbers worked out by hand, two ranks of 7 micro-batches,
+    accumulate 2 (4 updates each): the train loss is the loss over both ranks' tokens; each
+    update number (grad_norm) the mean over 4 updates x 2 ranks; losses and means in five
+    places. The sums are reduced in float64 on the run's device (NCCL reduces GPU tensors,
+    and an epoch's loss sum outgrows float32's 24 bits: 2**25 + 2 is 2**25 there)."""
+    from nmt.training.loop import epoch_row
+    from nmt.training.state import Progress
+
+    def trainer(device: str) -> SimpleNamespace:
+        scheduler = SimpleNamespace(get_last_lr=lambda: [torch.tensor(5e-4)])  # graphs: a tensor
+        return SimpleNamespace(world=TwoEqualRanks(), device=torch.device(device),
+                               config=SimpleNamespace(accumulate=2),
+                               update=SimpleNamespace(scheduler=scheduler))
+
+    progress = Progress(epoch=3, batch=7, loss_sum=2.0**24 + 1, tokens=3000,
+                        sums={"grad_norm": 4 / 3}, seconds=12.0)
+    on_cpu = trainer("cpu")
+    row = epoch_row(on_cpu, progress, valid_loss=1 / 7)
+    assert row == {"epoch": 3, "train_loss": 5592.40567, "valid_loss": 0.14286,
+                   "lr": float(torch.tensor(5e-4)), "grad_norm": 0.33333, "seconds": 12.0,
+                   "tokens_per_second": 500}
+    assert list(row) == ["epoch", "train_loss", "valid_loss", "lr", "grad_norm", "seconds",
+                         "tokens_per_second"]  # history.csv's columns, in order
+    assert [t.dtype for t in on_cpu.world.given] == [torch.float64]
+    on_meta = trainer("meta")  # a device that is not the CPU, as a GPU is
+    with pytest.raises(NotImplementedError):  # a meta tensor has no numbers to read back
+        epoch_row(on_meta, progress, valid_loss=1 / 7)
+    assert [t.device for t in on_meta.world.given] == [torch.device("meta")]
+
+
+def test_each_validation_pass_adds_its_seconds_and_patience_0_never_says_it_stops(monkeypatch,
+                                                                                  caplog):
+    """loop.end_epoch with a clock that moves 1.5 s between readings: each of 4 validation
+    passes adds 1.5 s to the earlier processes' 10 s; the best is the lowest loss and the
+    epochs after it are counted (stale). Without patience (0) no line says the run stops;
+    with patience 2 one does, once, at the second epoch without a better loss."""
+    from nmt.training import loop
+    from nmt.training.state import Progress
+
+    readings = itertools.count(100.0, 1.5)
+    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
+    monkeypatch.setattr(loop, "epoch_row", lambda trainer, progress, loss: {
+        "epoch": progress.epoch, "valid_loss": loss})
+
+    def epochs(patience: int) -> Progress:
+        losses = iter([2.0, 1.0, 3.0, 4.0])
+        monkeypatch.setattr(loop, "validation_loss", lambda trainer: next(losses))
+        trainer = SimpleNamespace(config=SimpleNamespace(average_last=0, patience=patience),
+                                  model=torch.nn.Linear(2, 2))
+        progress = Progress(valid_seconds=10.0)  # the earlier processes' (a resumed run)
+        for _ in range(4):
+            loop.end_epoch(trainer, progress)
+        return progress
+
+    with caplog.at_level(logging.INFO, logger="nmt.train"):
+        progress = epochs(patience=0)
+    assert progress.valid_seconds == 16.0
+    assert [row["epoch"] for row in progress.history] == [1, 2, 3, 4] and progress.epoch == 5
+    assert (progress.best_loss, progress.best_epoch, progress.stale) == (1.0, 2, 2)
+    assert caplog.messages == []
+    with caplog.at_level(logging.INFO, logger="nmt.train"):
+        epochs(patience=2)
+    assert caplog.messages == ["no better valid loss for 2 epochs: stopping early"]
+
+
+def test_a_stop_or_a_lost_peer_is_one_line_that_rank_0_says(tmp_path):
+    """loop.stopped and loop.peer_lost with stand-in ranks: a signal's line names it, where
+    the run stood and what is kept, from rank 0 alone (another rank's Stopped is silent);
+    a collective that failed because another rank went away is one NmtError naming the
+    rank, and torchrun's SIGTERM to the survivors is ignored so that the line gets out. One
+    process has no peers: its errors, a Gloo-like one included, are not turned into that
+    line; nor is a rank's error that is not a lost peer."""
+    from nmt.training.distributed import World
+    from nmt.training.loop import peer_lost, stopped
+    from nmt.training.state import Progress
+
+    def trainer(world: World) -> SimpleNamespace:
+        return SimpleNamespace(world=world, run=RUN, paths=SimpleNamespace(run=RUN.files(tmp_path)),
+                               saved="", total_updates=10)
+
+    again = ("`nmt train --recipe published --model scratch --seed 0` (same options) again "
+             "starts afresh")
+    progress = Progress(epoch=2, step=9)
+    first, second = (stopped(trainer(World(rank, 2, group=True)), progress, signal.SIGTERM)
+                     for rank in (0, 1))
+    assert (first.code, str(first)) == (143, "stopped by SIGTERM at epoch 2, step 9 of 10; "
+                                             "no resume state was written yet; " + again)
+    assert (second.code, str(second)) == (143, "")
+
+    gone = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                        "[127.0.0.1]:29500\nmore")
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        lost = peer_lost(trainer(World(1, 2, group=True)), gone)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert isinstance(lost, NmtError)
+    assert str(lost) == ("rank 1: another training process failed or vanished (Connection "
+                         "closed by peer [127.0.0.1]:29500); no resume state was written yet; "
+                         + again)
+    assert peer_lost(trainer(World()), gone) is None
+    assert peer_lost(trainer(World(1, 2, group=True)), RuntimeError("shape mismatch")) is None
+    assert signal.getsignal(signal.SIGTERM) == before  # only a lost peer ignores SIGTERM
 
 
 def test_each_epoch_trains_on_its_own_seeded_order():
