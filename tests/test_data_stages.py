@@ -224,6 +224,21 @@ def test_word_vocab_from_train_only(prepared):
     assert src.vocab.itos[:4] == list(SPECIALS) and tgt.kind == "word"
 
 
+def test_a_word_codec_decodes_the_ids_it_encodes_to_the_detokenized_line(prepared):
+    """What evaluate scores: the target codec's decode of a model's ids (bos ... eos, pads
+    after) is the detokenized line of those words; every word of the vocabulary survives,
+    the most frequent one (the first id after the specials) too. Lines of words the train
+    split never had (<unk>) are left out: their <unk> is for evaluate.unknown_words."""
+    _, tgt = load_codecs(prepared["word"])
+    lines = [t for t in read_tokens(prepared["tokenized"] / "val.en.tok")
+             if all(w in tgt.vocab.stoi for w in t)]
+    assert len(lines) > 50
+    for tokens in lines:
+        ids = [BOS_ID, *tgt.encode(tokens), EOS_ID, PAD_ID]
+        assert tgt.decode(ids) == detokenize(tokens), tokens
+    assert tgt.decode([len(SPECIALS)]) == tgt.vocab.itos[len(SPECIALS)]
+
+
 def test_bpe_vocab_is_joint_and_lossless(prepared):
     src, tgt = load_codecs(prepared["bpe"])
     assert len(src) == len(tgt) == 1000

@@ -18,6 +18,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from nmt.core.errors import NmtError
 from nmt.core.files import write_json, write_text
 from nmt.core.runs import Run
+from nmt.core.text import token_lines
 from nmt.pipeline.params import load_params
 from nmt.stages import report as rp
 from nmt.stages.report.figures import plot_losses
@@ -126,8 +127,10 @@ def fake_tree(root: Path, mirror: Path, recipes, models, seeds, testsets) -> tup
     sizes = {}
     for split in ("train", "val", *testsets):
         for lang in ("de", "en"):
-            if split in data:
+            if split in data:  # as stage tokenize writes them: the raw lines and spaCy's
                 write_lines(paths["tokenized"] / f"{split}.{lang}.txt", data[split][lang])
+                write_lines(paths["tokenized"] / f"{split}.{lang}.tok",
+                            list(token_lines(data[split][lang], lang)))
             sizes[f"{split}.{lang}"] = {"sentences": 1000, "tokens": 12000, "max_len": 40}
     write_json(paths["tokenized"] / "stats.json", sizes)
     for recipe in recipes:
@@ -198,6 +201,36 @@ def test_tables_hold_every_seed_and_the_seed_aggregates(full):
     assert metrics["tuned"]["scratch"][T17]["bleu"] == pytest.approx(mean)
     assert all(isinstance(v, float) for recipe in metrics.values() for model in recipe.values()
                for t in model.values() for v in t.values())
+
+
+def test_every_comparison_and_row_holds_the_runs_own_scores(full):
+    """An oracle for what the report re-reads: each seed's paired bootstrap re-scores the two
+    runs' translations, and must find the BLEU, chrF and test loss their evaluation wrote
+    (metrics.json: the beam output against the raw references, not the tokenized ones beside
+    them); the seeds' comparison holds the means over seeds; results.csv holds each run's
+    numbers under its own seed."""
+    _, _, paths = full
+
+    def metrics(recipe: str, model: str, seed: int) -> dict:
+        return json.loads((Run(recipe, model, seed).dir(paths["results"]) / "metrics.json")
+                          .read_text())
+
+    key = {"BLEU": "bleu", "chrF": "chrf", "test loss": "loss"}
+    comparisons = json.loads((paths["reports"] / "statistics.json").read_text())["comparisons"]
+    assert len(comparisons) == 2 * 2 * 2 * (2 + 1) * 3  # recipes, systems, test sets, seeds
+    for c in comparisons:
+        seeds = (0, 1) if c["seed"] is None else (c["seed"],)  # Welch: the mean over seeds
+        for side in ("system", "baseline"):
+            found = [metrics(c["recipe"], c[side], s)[c["testset"]][key[c["metric"]]]
+                     for s in seeds]
+            assert c[f"{side}_score"] == pytest.approx(sum(found) / len(found), rel=1e-9), c
+    per_seed = pd.read_csv(paths["reports"] / "results.csv")
+    cells = ["recipe", "model", "testset", "seed"]
+    assert not per_seed.duplicated(cells).any()
+    for row in per_seed.itertuples():
+        found = metrics(row.recipe, row.model, row.seed)[row.testset]
+        assert [row.loss, row.bleu, row.chrf] == pytest.approx(
+            [found["loss"], found["bleu"], found["chrf"]], abs=1e-4), row
 
 
 def test_every_recipe_table_ends_with_its_verdicts(full):

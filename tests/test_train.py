@@ -140,6 +140,17 @@ def test_patience_stops_the_run(data, tmp_path, caplog):
     assert [[r[k] for k in same] for r in history] == [[r[k] for k in same]
                                                        for r in full_history[:stop]]
     assert stopped["best_epoch"] == stop - 2
+    # best.pt holds the best epoch's weights, not the last ones: its validation loss, computed
+    # here, is the summary's best, and last.pt's is the last epoch's
+    src, tgt = load_codecs(data["vocab"] / "published")
+    valid = Batches(load_pairs(data["tokenized"], "val", src, tgt, 256), "sentences", 32, 0,
+                    shuffle=False)
+    files = RUN.files(tmp_path / "stopped")
+    for path, epoch, loss in ((files.best, stop - 2, stopped["best_valid_loss"]),
+                              (files.last, stop, float(history[-1]["valid_loss"]))):
+        model, saved = checkpoint.load(path)
+        assert saved["epoch"] == epoch, path
+        assert corpus_loss(model, valid, "cpu") == pytest.approx(loss, abs=1e-5), path
 
 
 def test_with_lr_0_every_epoch_reports_the_untrained_models_losses(data, tmp_path,
@@ -186,6 +197,21 @@ def batch_gradient_norm(model: torch.nn.Module, src: torch.Tensor, tgt: torch.Te
     loss.backward()
     return float(torch.cat([p.grad.flatten() for p in model.parameters()
                             if p.grad is not None]).norm())
+
+
+def test_the_valid_bleu_is_scored_against_the_validation_splits_raw_target_lines(data,
+                                                                                 tmp_path):
+    """train.json's valid_bleu_greedy (outputs.valid_bleu) scores the validation outputs
+    against what setup names as their references: the English lines as written (val.en.txt),
+    one per validation pair, not the German ones nor spaCy's tokens of them."""
+    from nmt.core.text import read_lines
+    from nmt.training.loop import setup
+
+    trainer = setup(tiny_params(), train_paths(data, tmp_path, RUN))
+    raw = (data["tokenized"] / "val.en.txt").read_text("utf-8").split("\n")[:-1]
+    assert read_lines(trainer.valid_references) == raw
+    assert len(raw) == len(trainer.valid_batches.pairs) == 60
+    assert raw != (data["tokenized"] / "val.en.tok").read_text("utf-8").split("\n")[:-1]
 
 
 def test_a_training_logs_what_it_read_built_and_reached_line_for_line(data, tmp_path, caplog):
