@@ -82,6 +82,34 @@ def pytest_collection_modifyitems(config, items):
         os.environ.setdefault(faults.ENV, "step:1000:TERM")
 
 
+@pytest.fixture(autouse=True)
+def a_mutant_that_hangs_fails(request):
+    """Under a mutant of make mutate, a test that runs past 5 times its own duration
+    (mutmut's timings) and 30 s fails: the process exits 1 with one line, which mutmut
+    counts as a kill. A loop that never ends and reaches no planted stop (an epoch whose
+    batches are used up but that never ends, so that nothing is counted) would otherwise hold
+    its test until mutmut's timeout for the whole selection, which is no kill. Generous, so
+    that a busy machine is no kill either. (faulthandler's watchdog, which dumps every
+    thread's stack first, crashed the process mid-training.)"""
+    if not os.environ.get("MUTANT_UNDER_TEST", "").startswith("nmt."):
+        yield
+        return
+    import threading
+
+    durations = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
+    limit = 5 * durations.get(request.node.nodeid, 0.0) + 30
+
+    def fail() -> None:
+        os.write(2, f"{request.node.nodeid} ran past {limit:.0f} s: failed\n".encode())
+        os._exit(1)
+
+    watchdog = threading.Timer(limit, fail)
+    watchdog.daemon = True
+    watchdog.start()
+    yield
+    watchdog.cancel()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors gain nothing from threads, and spinning threads crawl on a busy machine."""

@@ -60,9 +60,10 @@ def fit(data, tmp_path, name: str, **train_settings) -> tuple[dict, list[dict]]:
 def test_max_updates_cuts_the_last_epoch_and_ends_the_decay_at_zero(data, tmp_path,
                                                                   monkeypatch):
     # 200 pairs / 32 = 7 updates an epoch: 10 updates are one epoch and 3 of the next. A stop
-    # planted at update 11 never fires: a run that trained past its budget fails here at
-    # once, where it would otherwise train on until a timeout.
-    monkeypatch.setenv(faults.ENV, "step:11:TERM")
+    # planted at the third validation never fires: a run that trained past its budget (or
+    # whose update count never reaches it) fails here after one more epoch, where it would
+    # otherwise train on until a timeout.
+    monkeypatch.setenv(faults.ENV, "valid:3:TERM")
     summary, history = fit(data, tmp_path, "budget", epochs=1, max_updates=10, warmup_steps=2,
                            schedule="linear")
     assert summary["updates"] == 10 and summary["epochs"] == 2
@@ -293,12 +294,12 @@ def test_an_epochs_row_is_its_means_over_updates_and_ranks_in_five_places():
                                update=SimpleNamespace(scheduler=scheduler))
 
     progress = Progress(epoch=3, batch=7, loss_sum=2.0**24 + 1, tokens=3000,
-                        sums={"grad_norm": 4 / 3}, seconds=12.0)
+                        sums={"grad_norm": 4 / 3}, seconds=12.3456)
     on_cpu = trainer("cpu")
     row = epoch_row(on_cpu, progress, valid_loss=1 / 7)
     assert row == {"epoch": 3, "train_loss": 5592.40567, "valid_loss": 0.14286,
-                   "lr": float(torch.tensor(5e-4)), "grad_norm": 0.33333, "seconds": 12.0,
-                   "tokens_per_second": 500}
+                   "lr": float(torch.tensor(5e-4)), "grad_norm": 0.33333, "seconds": 12.35,
+                   "tokens_per_second": 486}
     assert list(row) == ["epoch", "train_loss", "valid_loss", "lr", "grad_norm", "seconds",
                          "tokens_per_second"]  # history.csv's columns, in order
     assert [t.dtype for t in on_cpu.world.given] == [torch.float64]
@@ -382,6 +383,86 @@ def test_a_stop_or_a_lost_peer_is_one_line_that_rank_0_says(tmp_path):
     assert peer_lost(trainer(World()), gone) is None
     assert peer_lost(trainer(World(1, 2, group=True)), RuntimeError("shape mismatch")) is None
     assert signal.getsignal(signal.SIGTERM) == before  # only a lost peer ignores SIGTERM
+
+
+def test_the_last_epochs_mean_becomes_best_only_when_its_loss_is_lower(monkeypatch):
+    """loop.average_last_epochs with a stand-in validation: it validates the mean of the last
+    epochs' weights; a lower loss makes that mean the best (its loss, its weights, named by
+    the last epoch it averages, as avg2), a tie keeps the single epoch; either way the model
+    goes back to its trained weights (last.pt is written from them). Fewer than two epochs to
+    average: nothing is validated."""
+    from nmt.training import loop
+    from nmt.training.state import Progress
+
+    model = torch.nn.Linear(2, 1)
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    recent = [{k: v + shift for k, v in trained.items()} for shift in (1.0, 3.0)]
+    mean = {k: v + 2.0 for k, v in trained.items()}
+    validated = []
+
+    def average(loss: float) -> tuple[float | None, Progress]:
+        def validation_loss(trainer):
+            validated.append({k: v.clone() for k, v in trainer.model.state_dict().items()})
+            return loss
+
+        monkeypatch.setattr(loop, "validation_loss", validation_loss)
+        progress = Progress(history=[{"epoch": e} for e in (1, 2, 3)], best_loss=1.0,
+                            best_epoch=2, best_state=trained, recent=list(recent))
+        found = loop.average_last_epochs(SimpleNamespace(model=model), progress)
+        assert all(torch.equal(v, trained[k]) for k, v in model.state_dict().items())
+        return found, progress
+
+    found, better = average(0.5)
+    assert found == 0.5 and len(validated) == 1
+    assert all(torch.allclose(validated[0][k], mean[k]) for k in mean)
+    assert (better.best_loss, better.best_epoch, better.best_averaged, better.best_name) == (
+        0.5, 3, 2, "avg2")
+    assert all(torch.allclose(better.best_state[k], mean[k]) for k in mean)
+    found, tie = average(1.0)
+    assert found == 1.0
+    assert (tie.best_loss, tie.best_epoch, tie.best_averaged, tie.best_state) == (
+        1.0, 2, 0, trained)
+    lone = Progress(recent=recent[:1], best_loss=1.0)
+    assert loop.average_last_epochs(SimpleNamespace(model=model), lone) is None
+    assert len(validated) == 2
+
+
+class Reached(Exception):
+    """A fault point fired (the test's SIGUSR1 handler raises it)."""
+
+
+@pytest.mark.parametrize(("point", "before_any_file"), [("start:1", True), ("valid:1", False)])
+def test_the_fault_points_fire_where_faults_says(prepared, tmp_path, monkeypatch, point,
+                                                 before_any_file):
+    """The points the resume tests kill at, in this process (a signal of the test's own
+    instead of a kill): `start` as train begins, before its folder is touched; `valid`
+    after the first batch of the first validation, here a split of one batch (20 pairs)."""
+    data = tiny_data(prepared, tmp_path / "data", train=64, val=20)
+
+    def reached(signum, frame):
+        raise Reached(point)
+
+    before = signal.signal(signal.SIGUSR1, reached)
+    monkeypatch.setenv(faults.ENV, f"{point}:USR1")
+    try:
+        with pytest.raises(Reached):
+            train(tiny_params(epochs=1), train_paths(data, tmp_path, RUN))
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert RUN.files(tmp_path).folder.exists() != before_any_file
+
+
+def test_validation_runs_in_the_runs_precision(data, tmp_path):
+    """A bf16 run validates under bf16 autocast: history.csv's valid loss is the bf16 corpus
+    loss of last.pt over the validation split, which differs from the fp32 one."""
+    _, history = fit(data, tmp_path, "bf16", epochs=1, precision="bf16")
+    model, _ = checkpoint.load(RUN.files(tmp_path / "bf16").last)
+    src, tgt = load_codecs(data["vocab"] / "published")
+    valid = Batches(load_pairs(data["tokenized"], "val", src, tgt, 256), "sentences", 32, 0,
+                    shuffle=False)
+    bf16, fp32 = (corpus_loss(model, valid, "cpu", precision=p) for p in ("bf16", "fp32"))
+    assert float(history[0]["valid_loss"]) == pytest.approx(bf16, abs=1e-5)
+    assert abs(bf16 - fp32) > 2e-5  # 7e-5 on an AMD EPYC: bf16 rounds every matmul's inputs
 
 
 def test_each_epoch_trains_on_its_own_seeded_order():
@@ -506,8 +587,8 @@ def test_a_resumed_run_keeps_the_precision_it_began_with(data, tmp_path, monkeyp
     monkeypatch.setattr(precision_timing, "measure", calibration_preferring("fp32"))
     monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path / "cache"))
     whole, _ = fit(data, tmp_path, "whole", precision="auto")
-    monkeypatch.setenv(faults.ENV, "step:10:TERM")  # SIGTERM after update 10 (of 21)
-    with pytest.raises(resume.Stopped) as stop:
+    with monkeypatch.context() as planted, pytest.raises(resume.Stopped) as stop:
+        planted.setenv(faults.ENV, "step:10:TERM")  # SIGTERM after update 10 (of 21)
         fit(data, tmp_path, "stopped", precision="auto")
     state = RUN.files(tmp_path / "stopped").resume
     assert stop.value.code == 143 and str(stop.value) == (
@@ -515,7 +596,6 @@ def test_a_resumed_run_keeps_the_precision_it_began_with(data, tmp_path, monkeyp
         "21); `nmt train --recipe published --model scratch "
         "--seed 0` (same options) again resumes from there (best.pt, last.pt, history.csv, "
         "train.json appear when training completes)")
-    monkeypatch.delenv(faults.ENV)
     monkeypatch.setattr(precision_timing, "measure", calibration_preferring("bf16"))
     monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path / "another cache"))
     resumed, _ = fit(data, tmp_path, "stopped", precision="auto")
@@ -550,7 +630,9 @@ def test_a_run_trains_alike_whether_its_precision_was_measured_or_cached(data, t
     """Measuring draws from torch's generators; the run's dropout masks must not see it."""
     monkeypatch.setattr(precision_timing, "measure", calibration_preferring("fp32"))
     monkeypatch.setenv(precision_cache.CACHE_ENV, str(tmp_path / "cache"))
-    fit(data, tmp_path, "measured", precision="auto", epochs=1)  # fills the cache
+    measured, _ = fit(data, tmp_path, "measured", precision="auto", epochs=1)  # fills the cache
+    record = json.loads((tmp_path / "measured" / "precision" / "published.json").read_text())
+    assert record["train"]["precision"] == measured["precision"]  # the recipe's, recorded
     fit(data, tmp_path, "cached", precision="auto", epochs=1)  # reads it: nothing drawn
     assert_same_outputs(RUN.dir(tmp_path / "measured"), RUN.dir(tmp_path / "cached"))
 
@@ -560,11 +642,10 @@ def test_a_resumed_run_records_each_route_of_attention_kernels_it_took(data, tmp
     """The kernels are not kept across a resume (a route leaves out one found wrong on this
     machine), but train.json says the run took both routes, and from which update on."""
     monkeypatch.setenv(ATTENTION_KERNELS_ENV, "efficient,math")
-    monkeypatch.setenv(faults.ENV, "step:10:TERM")
     try:
-        with pytest.raises(resume.Stopped):
+        with monkeypatch.context() as planted, pytest.raises(resume.Stopped):
+            planted.setenv(faults.ENV, "step:10:TERM")
             fit(data, tmp_path, "stopped", epochs=2)
-        monkeypatch.delenv(faults.ENV)
         monkeypatch.setenv(ATTENTION_KERNELS_ENV, "flash,math")
         with caplog.at_level(logging.WARNING, logger="nmt.train"):
             resumed, _ = fit(data, tmp_path, "stopped", epochs=2)
