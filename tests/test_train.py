@@ -215,6 +215,67 @@ def test_the_valid_bleu_is_scored_against_the_validation_splits_raw_target_lines
     assert raw != (data["tokenized"] / "val.en.tok").read_text("utf-8").split("\n")[:-1]
 
 
+def test_setup_names_the_run_in_its_checkpoints_and_resume_key(data, tmp_path, monkeypatch,
+                                                               caplog):
+    """What setup gives the checkpoints (the run, its settings, vocabulary and size, which
+    evaluate and a resumed run check) and the resume key, field by field; train.compile
+    true wraps the update in torch.compile (compiling waits for the first update); a GPU
+    memory bound on a CPU is one line."""
+    from nmt.core.process import GPU_MEMORY_ENV
+    from nmt.models import ModelConfig
+    from nmt.training.loop import setup
+
+    monkeypatch.setenv(GPU_MEMORY_ENV, "100")
+    params, vocab = tiny_params(compile=True), data["vocab"] / "published"
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        trainer = setup(params, train_paths(data, tmp_path, RUN))
+    src, tgt = load_codecs(vocab)
+    assert trainer.checkpoint_meta == {
+        "name": "scratch", "recipe": "published", "cfg": ModelConfig.from_dict(params["model"]),
+        "src_vocab_size": len(src), "tgt_vocab_size": len(tgt),
+        "params": {"model": params["model"], "train": params["train"]},
+        "n_params": sum(p.numel() for p in trainer.model.parameters()), "seed": RUN.seed,
+        "vocab_sha256": checkpoint.vocab_fingerprint(vocab)}
+    assert trainer.resume_key == resume.config_key(params, RUN.name, RUN.seed, vocab, 1)
+    assert trainer.update.compiled
+    assert f"{GPU_MEMORY_ENV}=100: no CUDA memory to bound on cpu" in caplog.messages
+
+
+def test_a_rank_other_than_0_logs_only_warnings_and_draws_its_own_dropout(data, tmp_path,
+                                                                          monkeypatch):
+    """setup as rank 2 of 3 (a stand-in World from distributed.join, no process group): the
+    same initial weights as rank 0, then its own seed for dropout (seed + 1,000,003 x rank),
+    and the nmt loggers quiet below warnings, so that one process reports progress."""
+    from nmt.training import distributed
+    from nmt.training.distributed import World
+    from nmt.training.loop import setup
+
+    monkeypatch.setattr(distributed, "join", lambda device, devices: (World(2, 3),
+                                                                      torch.device("cpu")))
+    logger = logging.getLogger("nmt")
+    level = logger.level
+    try:
+        setup(tiny_params(), train_paths(data, tmp_path, RUN))
+        assert logger.level == logging.WARNING
+        assert torch.initial_seed() == RUN.seed + 2_000_006
+    finally:
+        logger.setLevel(level)
+
+
+def test_an_error_of_one_process_comes_out_as_it_is(data, tmp_path, monkeypatch):
+    """A RuntimeError inside the loop of a single process is no lost peer: train raises it
+    unchanged (peer_lost looks only at runs of several processes)."""
+    from nmt.training import loop
+
+    def fit(trainer, progress):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(loop, "fit", fit)
+    with pytest.raises(RuntimeError) as error:
+        train(tiny_params(), train_paths(data, tmp_path, RUN))
+    assert type(error.value) is RuntimeError and str(error.value) == "boom"
+
+
 def test_a_training_logs_what_it_read_built_and_reached_line_for_line(data, tmp_path, caplog):
     """The loop's own lines, each whole: the data read, the model built, every epoch's losses
     and speed (as history.csv has them) and the average of the last epochs (as train.json)."""
