@@ -227,8 +227,13 @@ def test_setup_names_the_run_in_its_checkpoints_and_resume_key(data, tmp_path, m
 
     monkeypatch.setenv(GPU_MEMORY_ENV, "100")
     params, vocab = tiny_params(compile=True), data["vocab"] / "published"
-    with caplog.at_level(logging.INFO, logger="nmt"):
-        trainer = setup(params, train_paths(data, tmp_path, RUN))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # what train.json reports (the bits of a CPU training follow it)
+    try:
+        with caplog.at_level(logging.INFO, logger="nmt"):
+            trainer = setup(params, train_paths(data, tmp_path, RUN))
+    finally:
+        torch.set_num_threads(threads)
     src, tgt = load_codecs(vocab)
     assert trainer.checkpoint_meta == {
         "name": "scratch", "recipe": "published", "cfg": ModelConfig.from_dict(params["model"]),
@@ -237,8 +242,10 @@ def test_setup_names_the_run_in_its_checkpoints_and_resume_key(data, tmp_path, m
         "n_params": sum(p.numel() for p in trainer.model.parameters()), "seed": RUN.seed,
         "vocab_sha256": checkpoint.vocab_fingerprint(vocab)}
     assert trainer.resume_key == resume.config_key(params, RUN.name, RUN.seed, vocab, 1)
-    assert trainer.update.compiled
+    assert trainer.update.compiled and trainer.threads == 2
     assert f"{GPU_MEMORY_ENV}=100: no CUDA memory to bound on cpu" in caplog.messages
+    assert f"{RUN.name}: {trainer.n_params:,} parameters on cpu, fp32, compiled" in \
+        caplog.messages
 
 
 def test_a_rank_other_than_0_logs_only_warnings_and_draws_its_own_dropout(data, tmp_path,
