@@ -219,14 +219,15 @@ def test_setup_names_the_run_in_its_checkpoints_and_resume_key(data, tmp_path, m
                                                                caplog):
     """What setup gives the checkpoints (the run, its settings, vocabulary and size, which
     evaluate and a resumed run check) and the resume key, field by field; train.compile
-    true wraps the update in torch.compile (compiling waits for the first update); a GPU
+    true wraps the update in torch.compile (compiling waits for the first update); both
+    splits' batches padded to train.pad_multiple, the validation's in file order; a GPU
     memory bound on a CPU is one line."""
     from nmt.core.process import GPU_MEMORY_ENV
     from nmt.models import ModelConfig
     from nmt.training.loop import setup
 
     monkeypatch.setenv(GPU_MEMORY_ENV, "100")
-    params, vocab = tiny_params(compile=True), data["vocab"] / "published"
+    params, vocab = tiny_params(compile=True, pad_multiple=8), data["vocab"] / "published"
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # what train.json reports (the bits of a CPU training follow it)
     try:
@@ -243,6 +244,10 @@ def test_setup_names_the_run_in_its_checkpoints_and_resume_key(data, tmp_path, m
         "vocab_sha256": checkpoint.vocab_fingerprint(vocab)}
     assert trainer.resume_key == resume.config_key(params, RUN.name, RUN.seed, vocab, 1)
     assert trainer.update.compiled and trainer.threads == 2
+    for batches in (trainer.train_batches, trainer.valid_batches):  # padded as the recipe says
+        assert (batches.pad_multiple, batches.max_len) == (8, params["model"]["max_len"])
+    valid = trainer.valid_batches.indices()  # validation in file order
+    assert not trainer.valid_batches.shuffle and sum(valid, []) == list(range(60))
     assert f"{GPU_MEMORY_ENV}=100: no CUDA memory to bound on cpu" in caplog.messages
     assert f"{RUN.name}: {trainer.n_params:,} parameters on cpu, fp32, compiled" in \
         caplog.messages
@@ -738,3 +743,7 @@ def test_a_sentence_batch_larger_than_the_train_split_is_refused_before_any_work
         "update would hold all of it (fix: a batch_size of at most 300; the recipes use 32 "
         "to 128, or batch_by: tokens)")
     assert not list(data["results"].rglob("*.*"))  # no precision record, no run files
+    from nmt.training.loop import check_batch_size
+
+    check_batch_size(SimpleNamespace(batch_by="sentences", batch_size=300), 300)  # the split
+    check_batch_size(SimpleNamespace(batch_by="tokens", batch_size=5000), 300)  # not sentences
