@@ -115,6 +115,20 @@ def test_tokenize_counts_and_alignment(prepared):
     assert stats["train.en"]["max_len"] == max(map(len, toks))
 
 
+def test_each_language_is_tokenized_by_its_own_rules(prepared):
+    """Each .tok file stage tokenize writes is spaCy's tokenizer of its own language over the
+    .txt beside it, line for line; the two languages' rules differ on the English side (a
+    file tokenized by the German rules would pass every count)."""
+    for split in ("val", "test_2016_flickr"):
+        for lang in ("de", "en"):
+            raw = read_lines(prepared["tokenized"] / f"{split}.{lang}.txt")
+            assert read_tokens(prepared["tokenized"] / f"{split}.{lang}.tok") == \
+                tokenize_lines(raw, lang, progress=False), (split, lang)
+    english = read_lines(prepared["tokenized"] / "val.en.txt")
+    assert tokenize_lines(english, "en", progress=False) != \
+        tokenize_lines(english, "de", progress=False)
+
+
 def test_spacy_tokens():
     de = tokenize_lines(["Ein Mann fährt mit dem Fahrrad."], "de")
     en = tokenize_lines(["A man's T-shirt,  isn't it?"], "en")
