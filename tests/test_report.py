@@ -18,11 +18,12 @@ from sacrebleu.metrics import BLEU, CHRF
 from nmt.core.errors import NmtError
 from nmt.core.files import write_json, write_text
 from nmt.core.runs import Run
-from nmt.core.text import token_lines
+from nmt.core.text import read_lines, token_lines
 from nmt.pipeline.params import load_params
 from nmt.stages import report as rp
 from nmt.stages.report.figures import plot_losses
 from nmt.stages.report.load import load
+from nmt.stages.report.markdown import shown
 
 REPO = Path(__file__).resolve().parents[1]
 T16, T17 = "test_2016_flickr", "test_2017_flickr"
@@ -391,6 +392,30 @@ def test_empty_output_reads_empty(full):
     assert "  - scratch: *(empty)*" in text  # sample 0 of scratch seed 0 is empty
     assert "Output: *(empty)*" in text       # and so is its attention example
     assert "Output: **" not in text and "scratch: \n" not in text
+
+
+def test_each_sample_is_one_sentence_its_reference_and_every_models_beam_output(full):
+    """The sample translations: each is sentence i of the first test set, its English
+    reference line i, and line i of each model's beam output (recipe published, seed 0),
+    as written; evenly spaced, report.samples of them."""
+    text, params, paths = full
+    section = text[text.index("## Sample translations"):]
+    section = section[:section.index("\n## ")]
+    assert section.startswith(f"## Sample translations ({T16}, recipe `published`, seed 0, "
+                              "beam search)")
+    sources, references = (read_lines(paths["tokenized"] / f"{T16}.{lang}.txt")
+                           for lang in ("de", "en"))
+    beams = {m: read_lines(Run("published", m, 0).dir(paths["results"]) / "translations"
+                           / f"{T16}.beam.txt") for m in params["pipeline"]["models"]}
+    found = re.findall(r"- \*\*source:\*\* (.*)\n  - reference: (.*)\n((?:  - \w+: .*\n?)+)",
+                       section)
+    step = len(sources) // params["report"]["samples"]
+    assert [sources.index(source) for source, _, _ in found] == [0, step, 2 * step]
+    for source, reference, outputs in found:
+        i = sources.index(source)
+        assert reference == references[i]
+        assert outputs.rstrip("\n").split("\n") == [f"  - {m}: {shown(beams[m][i])}"
+                                                    for m in beams]
 
 
 def test_sections_and_setup_follow_params(full):
