@@ -85,12 +85,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def a_mutant_that_hangs_fails(request):
     """Under a mutant of make mutate, a test that runs past 5 times its own duration
-    (mutmut's timings) and 30 s fails: the process exits 1 with one line, which mutmut
-    counts as a kill. A loop that never ends and reaches no planted stop (an epoch whose
-    batches are used up but that never ends, so that nothing is counted) would otherwise hold
-    its test until mutmut's timeout for the whole selection, which is no kill. Generous, so
-    that a busy machine is no kill either. (faulthandler's watchdog, which dumps every
-    thread's stack first, crashed the process mid-training.)"""
+    (mutmut's timings) and 30 s fails: the process exits 1, which mutmut counts as a kill
+    (its line goes to stderr, which pytest may be capturing). A loop that never ends and
+    reaches no planted stop (an epoch whose batches are used up but that never ends, so that
+    nothing is counted) would otherwise hold its test until mutmut's timeout for the whole
+    selection, which is no kill. Generous, so that a busy machine is no kill either.
+    (faulthandler's watchdog, which dumps every thread's stack first, crashed the process
+    mid-training.)"""
     if not os.environ.get("MUTANT_UNDER_TEST", "").startswith("nmt."):
         yield
         return
