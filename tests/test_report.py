@@ -159,6 +159,11 @@ def fake_tree(root: Path, mirror: Path, recipes, models, seeds, testsets) -> tup
     return params, paths
 
 
+def run_metrics(paths: dict, run: Run) -> dict:
+    """A run's metrics.json in a fake tree, as evaluate wrote it."""
+    return json.loads((run.dir(paths["results"]) / "metrics.json").read_text())
+
+
 def make_report(tmp_path, mirror, recipes, models, seeds, testsets) -> tuple[str, dict, dict]:
     params, paths = fake_tree(tmp_path, mirror, recipes, models, seeds, testsets)
     rp.report(params, rp.Paths(paths["tokenized"], paths["vocab"], paths["results"],
@@ -188,8 +193,7 @@ def test_tables_hold_every_seed_and_the_seed_aggregates(full):
     summary = pd.read_csv(paths["reports"] / "results_summary.csv")
     assert len(summary) == 2 * 3 * 2 and (summary.seeds == 2).all()
     # Hand aggregate of one cell, from the runs' own metrics.json.
-    bleu = [json.loads((Run("tuned", "scratch", s).dir(paths["results"]) / "metrics.json")
-                       .read_text())[T17]["bleu"] for s in (0, 1)]
+    bleu = [run_metrics(paths, Run("tuned", "scratch", s))[T17]["bleu"] for s in (0, 1)]
     row = summary[(summary.recipe == "tuned") & (summary.model == "scratch")
                   & (summary.testset == T17)].iloc[0]
     mean, std = (bleu[0] + bleu[1]) / 2, abs(bleu[0] - bleu[1]) / math.sqrt(2)
@@ -212,24 +216,20 @@ def test_every_comparison_and_row_holds_the_runs_own_scores(full):
     numbers under its own seed."""
     _, _, paths = full
 
-    def metrics(recipe: str, model: str, seed: int) -> dict:
-        return json.loads((Run(recipe, model, seed).dir(paths["results"]) / "metrics.json")
-                          .read_text())
-
     key = {"BLEU": "bleu", "chrF": "chrf", "test loss": "loss"}
     comparisons = json.loads((paths["reports"] / "statistics.json").read_text())["comparisons"]
     assert len(comparisons) == 2 * 2 * 2 * (2 + 1) * 3  # recipes, systems, test sets, seeds
     for c in comparisons:
         seeds = (0, 1) if c["seed"] is None else (c["seed"],)  # Welch: the mean over seeds
         for side in ("system", "baseline"):
-            found = [metrics(c["recipe"], c[side], s)[c["testset"]][key[c["metric"]]]
-                     for s in seeds]
+            found = [run_metrics(paths, Run(c["recipe"], c[side], s))[c["testset"]]
+                     [key[c["metric"]]] for s in seeds]
             assert c[f"{side}_score"] == pytest.approx(sum(found) / len(found), rel=1e-9), c
     per_seed = pd.read_csv(paths["reports"] / "results.csv")
     cells = ["recipe", "model", "testset", "seed"]
     assert not per_seed.duplicated(cells).any()
     for row in per_seed.itertuples():
-        found = metrics(row.recipe, row.model, row.seed)[row.testset]
+        found = run_metrics(paths, Run(row.recipe, row.model, row.seed))[row.testset]
         assert [row.loss, row.bleu, row.chrf] == pytest.approx(
             [found["loss"], found["bleu"], found["chrf"]], abs=1e-4), row
 
@@ -410,9 +410,9 @@ def test_each_sample_is_one_sentence_its_reference_and_every_models_beam_output(
     found = re.findall(r"- \*\*source:\*\* (.*)\n  - reference: (.*)\n((?:  - \w+: .*\n?)+)",
                        section)
     step = len(sources) // params["report"]["samples"]
-    assert [sources.index(source) for source, _, _ in found] == [0, step, 2 * step]
-    for source, reference, outputs in found:
-        i = sources.index(source)
+    lines = [sources.index(source) for source, _, _ in found]
+    assert lines == [0, step, 2 * step]
+    for i, (_, reference, outputs) in zip(lines, found, strict=True):
         assert reference == references[i]
         assert outputs.rstrip("\n").split("\n") == [f"  - {m}: {shown(beams[m][i])}"
                                                     for m in beams]

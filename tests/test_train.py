@@ -57,6 +57,13 @@ def fit(data, tmp_path, name: str, **train_settings) -> tuple[dict, list[dict]]:
     return summary, history
 
 
+def valid_batches(data) -> Batches:
+    """The tiny validation split in file order, as the tests compute a loss over it."""
+    src, tgt = load_codecs(data["vocab"] / "published")
+    return Batches(load_pairs(data["tokenized"], "val", src, tgt, 256), "sentences", 32, 0,
+                   shuffle=False)
+
+
 def test_max_updates_cuts_the_last_epoch_and_ends_the_decay_at_zero(data, tmp_path,
                                                                   monkeypatch):
     # 200 pairs / 32 = 7 updates an epoch: 10 updates are one epoch and 3 of the next. A stop
@@ -103,9 +110,7 @@ def test_average_last_is_the_mean_of_the_last_epochs(data, tmp_path):
     avg_last, _ = checkpoint.load(RUN.files(tmp_path / "avg").last)
     assert all(torch.equal(v, s3[k]) for k, v in avg_last.state_dict().items())  # not averaged
     w3.load_state_dict(hand)
-    src, tgt = load_codecs(data["vocab"] / "published")
-    valid = Batches(load_pairs(data["tokenized"], "val", src, tgt, 256), "sentences", 32, 0,
-                    shuffle=False)
+    valid = valid_batches(data)
     assert summary["averaged_valid_loss"] == pytest.approx(corpus_loss(w3, valid, "cpu"),
                                                            rel=1e-6)
     best, ckpt = checkpoint.load(RUN.files(tmp_path / "avg").best)
@@ -143,9 +148,7 @@ def test_patience_stops_the_run(data, tmp_path, caplog):
     assert stopped["best_epoch"] == stop - 2
     # best.pt holds the best epoch's weights, not the last ones: its validation loss, computed
     # here, is the summary's best, and last.pt's is the last epoch's
-    src, tgt = load_codecs(data["vocab"] / "published")
-    valid = Batches(load_pairs(data["tokenized"], "val", src, tgt, 256), "sentences", 32, 0,
-                    shuffle=False)
+    valid = valid_batches(data)
     files = RUN.files(tmp_path / "stopped")
     for path, epoch, loss in ((files.best, stop - 2, stopped["best_valid_loss"]),
                               (files.last, stop, float(history[-1]["valid_loss"]))):
@@ -200,29 +203,17 @@ def batch_gradient_norm(model: torch.nn.Module, src: torch.Tensor, tgt: torch.Te
                             if p.grad is not None]).norm())
 
 
-def test_the_valid_bleu_is_scored_against_the_validation_splits_raw_target_lines(data,
-                                                                                 tmp_path):
-    """train.json's valid_bleu_greedy (outputs.valid_bleu) scores the validation outputs
-    against what setup names as their references: the English lines as written (val.en.txt),
-    one per validation pair, not the German ones nor spaCy's tokens of them."""
-    from nmt.core.text import read_lines
-    from nmt.training.loop import setup
-
-    trainer = setup(tiny_params(), train_paths(data, tmp_path, RUN))
-    raw = (data["tokenized"] / "val.en.txt").read_text("utf-8").split("\n")[:-1]
-    assert read_lines(trainer.valid_references) == raw
-    assert len(raw) == len(trainer.valid_batches.pairs) == 60
-    assert raw != (data["tokenized"] / "val.en.tok").read_text("utf-8").split("\n")[:-1]
-
-
 def test_setup_names_the_run_in_its_checkpoints_and_resume_key(data, tmp_path, monkeypatch,
                                                                caplog):
     """What setup gives the checkpoints (the run, its settings, vocabulary and size, which
     evaluate and a resumed run check) and the resume key, field by field; train.compile
     true wraps the update in torch.compile (compiling waits for the first update); both
-    splits' batches padded to train.pad_multiple, the validation's in file order; a GPU
-    memory bound on a CPU is one line."""
+    splits' batches padded to train.pad_multiple, the validation's in file order; the
+    references of train.json's valid BLEU (outputs.valid_bleu) the English validation lines
+    as written (val.en.txt), not the German ones nor spaCy's tokens of them; a GPU memory
+    bound on a CPU is one line."""
     from nmt.core.process import GPU_MEMORY_ENV
+    from nmt.core.text import read_lines
     from nmt.models import ModelConfig
     from nmt.training.loop import setup
 
@@ -248,6 +239,10 @@ def test_setup_names_the_run_in_its_checkpoints_and_resume_key(data, tmp_path, m
         assert (batches.pad_multiple, batches.max_len) == (8, params["model"]["max_len"])
     valid = trainer.valid_batches.indices()  # validation in file order
     assert not trainer.valid_batches.shuffle and sum(valid, []) == list(range(60))
+    raw = (data["tokenized"] / "val.en.txt").read_text("utf-8").split("\n")[:-1]
+    assert read_lines(trainer.valid_references) == raw
+    assert len(raw) == len(trainer.valid_batches.pairs) == 60
+    assert raw != (data["tokenized"] / "val.en.tok").read_text("utf-8").split("\n")[:-1]
     assert f"{GPU_MEMORY_ENV}=100: no CUDA memory to bound on cpu" in caplog.messages
     assert f"{RUN.name}: {trainer.n_params:,} parameters on cpu, fp32, compiled" in \
         caplog.messages
@@ -530,9 +525,7 @@ def test_validation_runs_in_the_runs_precision(data, tmp_path):
     loss of last.pt over the validation split, which differs from the fp32 one."""
     _, history = fit(data, tmp_path, "bf16", epochs=1, precision="bf16")
     model, _ = checkpoint.load(RUN.files(tmp_path / "bf16").last)
-    src, tgt = load_codecs(data["vocab"] / "published")
-    valid = Batches(load_pairs(data["tokenized"], "val", src, tgt, 256), "sentences", 32, 0,
-                    shuffle=False)
+    valid = valid_batches(data)
     bf16, fp32 = (corpus_loss(model, valid, "cpu", precision=p) for p in ("bf16", "fp32"))
     assert float(history[0]["valid_loss"]) == pytest.approx(bf16, abs=1e-5)
     assert abs(bf16 - fp32) > 2e-5  # 7e-5 on an AMD EPYC: bf16 rounds every matmul's inputs
@@ -734,6 +727,8 @@ def test_a_sentence_batch_larger_than_the_train_split_is_refused_before_any_work
     """train.batch_size 5000 on a 1,000-pair split peaked at 5.8 GB and measured precision for
     53 s before its first update, with no line (issue 69 item 6): one line, before the
     precision is decided or anything is written; the whole split in one batch is allowed."""
+    from nmt.training.loop import check_batch_size
+
     data = tiny_data(prepared, tmp_path, train=300)
     with pytest.raises(NmtError) as refused:
         train(tiny_params(batch_by="sentences", batch_size=5000, precision="auto"),
@@ -743,7 +738,5 @@ def test_a_sentence_batch_larger_than_the_train_split_is_refused_before_any_work
         "update would hold all of it (fix: a batch_size of at most 300; the recipes use 32 "
         "to 128, or batch_by: tokens)")
     assert not list(data["results"].rglob("*.*"))  # no precision record, no run files
-    from nmt.training.loop import check_batch_size
-
     check_batch_size(SimpleNamespace(batch_by="sentences", batch_size=300), 300)  # the split
     check_batch_size(SimpleNamespace(batch_by="tokens", batch_size=5000), 300)  # not sentences
