@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import shutil
@@ -63,16 +64,27 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleScheduling(config, log)
 
 
+def under_mutant() -> bool:
+    """Whether this pytest runs a mutant of make mutate (tools/mutate.py)."""
+    return os.environ.get("MUTANT_UNDER_TEST", "").startswith("nmt.")
+
+
+@functools.cache
+def mutmut_durations() -> dict[str, float]:
+    """Each test's seconds as mutmut timed them (mutmut-stats.json, in mutants/ where it runs
+    the tests), read once a process."""
+    return json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
+
+
 def pytest_collection_modifyitems(config, items):
     """Tiny pipelines first, then the other modules with slow tests, then the rest."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: (item.path.name not in TINY_RUNS_MODULES, item.path not in slow))
-    if os.environ.get("MUTANT_UNDER_TEST", "").startswith("nmt."):
+    if under_mutant():
         # A mutant of make mutate (tools/mutate.py), whose tests stop at the first failure: the
         # quickest first (mutmut's timings, in mutants/, where it runs them), so that a mutant
         # dies on its quickest test, and only a survivor pays for them all.
-        durations = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
-        items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
+        items.sort(key=lambda item: mutmut_durations().get(item.nodeid, 0.0))
         # A mutant that keeps a training from ending (an epoch that never advances) fails at
         # update 1,000, which no training of the selection reaches (test_patience's longest
         # takes 98), instead of holding its quickest test until mutmut's timeout, which is no
@@ -92,13 +104,12 @@ def a_mutant_that_hangs_fails(request):
     selection, which is no kill. Generous, so that a busy machine is no kill either.
     (faulthandler's watchdog, which dumps every thread's stack first, crashed the process
     mid-training.)"""
-    if not os.environ.get("MUTANT_UNDER_TEST", "").startswith("nmt."):
+    if not under_mutant():
         yield
         return
     import threading
 
-    durations = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
-    limit = 5 * durations.get(request.node.nodeid, 0.0) + 30
+    limit = 5 * mutmut_durations().get(request.node.nodeid, 0.0) + 30
 
     def fail() -> None:
         os.write(2, f"{request.node.nodeid} ran past {limit:.0f} s: failed\n".encode())
