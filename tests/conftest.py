@@ -94,28 +94,39 @@ def pytest_collection_modifyitems(config, items):
         os.environ.setdefault(faults.ENV, "step:1000:TERM")
 
 
+# Where the watchdog below names each mutant it failed, beside mutmut-stats.json in mutants/:
+# tools/mutate.py lists them in docs/mutation.md, as kills to check by hand (a mutant that is
+# only slow, not wrong, would be one).
+WATCHDOG_LOG = "mutmut-watchdog.log"
+
+
+def hung(nodeid: str, limit: float) -> None:
+    """The watchdog's verdict on a test past its limit: its line in WATCHDOG_LOG (mutant,
+    test, seconds; pytest captures stderr, and the process ends before it shows it), then
+    exit 1, which mutmut counts as a kill."""
+    line = f"{os.environ.get('MUTANT_UNDER_TEST', '')}\t{nodeid}\t{limit:.0f}\n"
+    with open(WATCHDOG_LOG, "a") as log:
+        log.write(line)
+    os.write(2, f"{nodeid} ran past {limit:.0f} s: failed\n".encode())
+    os._exit(1)
+
+
 @pytest.fixture(autouse=True)
 def a_mutant_that_hangs_fails(request):
     """Under a mutant of make mutate, a test that runs past 5 times its own duration
-    (mutmut's timings) and 30 s fails: the process exits 1, which mutmut counts as a kill
-    (its line goes to stderr, which pytest may be capturing). A loop that never ends and
-    reaches no planted stop (an epoch whose batches are used up but that never ends, so that
-    nothing is counted) would otherwise hold its test until mutmut's timeout for the whole
-    selection, which is no kill. Generous, so that a busy machine is no kill either.
-    (faulthandler's watchdog, which dumps every thread's stack first, crashed the process
-    mid-training.)"""
+    (mutmut's timings) and 30 s fails (`hung`: exit 1, which mutmut counts as a kill, and a
+    line in WATCHDOG_LOG). A loop that never ends and reaches no planted stop (an epoch whose
+    batches are used up but that never ends, so that nothing is counted) would otherwise hold
+    its test until mutmut's timeout for the whole selection, which is no kill. Generous, so
+    that a busy machine is no kill either. (faulthandler's watchdog, which dumps every
+    thread's stack first, crashed the process mid-training.)"""
     if not under_mutant():
         yield
         return
     import threading
 
     limit = 5 * mutmut_durations().get(request.node.nodeid, 0.0) + 30
-
-    def fail() -> None:
-        os.write(2, f"{request.node.nodeid} ran past {limit:.0f} s: failed\n".encode())
-        os._exit(1)
-
-    watchdog = threading.Timer(limit, fail)
+    watchdog = threading.Timer(limit, hung, (request.node.nodeid, limit))
     watchdog.daemon = True
     watchdog.start()
     yield

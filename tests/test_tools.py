@@ -729,6 +729,43 @@ def test_mutate_of_one_module_goes_on_where_it_stopped(tmp_path):
     assert mutate.names_to_run(path, tmp_path) == ["nmt.core.stats.*"]
 
 
+def test_the_watchdogs_kills_and_the_runs_minutes_are_named(tmp_path, monkeypatch):
+    """A test past its limit under a mutant (tests/conftest.py's watchdog) exits 1, a kill for
+    mutmut, and names the mutant and the test in mutants/'s watchdog log, which make mutate
+    reads into docs/mutation.md as kills to check by hand; each mutmut run's minutes add up
+    across the runs that stopped and went on; an earlier summary's watchdog lines stay apart
+    from its survivors and its GPU-or-DDP-only lines."""
+    mutate = load_mutate()
+    core = tmp_path / "core"
+    (core / "mutants").mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}:{REPO / 'src'}",
+           "MUTANT_UNDER_TEST": "nmt.core.stats.x_f__mutmut_2"}
+    died = subprocess.run([sys.executable, "-c", "import conftest; "
+                           "conftest.hung('tests/test_stats.py::test_a', 35.4)"],
+                          cwd=core / "mutants", env=env, capture_output=True, text=True)
+    assert died.returncode == 1, died.stderr
+    assert "tests/test_stats.py::test_a ran past 35 s: failed" in died.stderr
+    (core / "mutants" / mutate.RUNS_LOG).write_text("2026-11-29 20:00\tall\t50.5\n")
+    (tmp_path / "training" / "mutants").mkdir(parents=True)
+    (tmp_path / "training" / "mutants" / mutate.RUNS_LOG).write_text(
+        "2026-11-29 21:00\tall\t9.5\n2026-11-30 20:00\tall\t30.0\n")
+    monkeypatch.setattr(mutate, "profiles", lambda: [
+        mutate.Profile(name, tmp_path / name, {}) for name in ("core", "training")])
+    assert mutate.watchdog_kills() == {
+        "nmt.core.stats.x_f__mutmut_2": "tests/test_stats.py::test_a ran past 35 s"}
+    assert mutate.runs_minutes() == (3, 90.0)
+
+    path, line = "src/nmt/core/stats.py", "- `src/nmt/core/stats.py:{}` (f): `a` -> `b`"
+    header = "| module | " + " | ".join(mutate.COLUMNS) + " | score |"
+    text = [header, f"| {path} | 3 | 1 | 1 | 0 | 0 | 0 | 1 | 0 | 0 | 50.0 % |",
+            "## Survivors (1)", line.format(1), f"{mutate.SECTION} (1)",
+            line.format(2) + ": GPU only: why", f"{mutate.WATCHED} (1)",
+            line.format(3) + ": tests/test_stats.py::test_a ran past 35 s"]
+    count, survivors, apart, hung = mutate.earlier(Path(path), text)
+    assert (count["killed"], count["GPU only"]) == (1, 1)
+    assert [survivors, apart, hung] == [[text[3]], [text[5]], [text[7]]]
+
+
 def test_mutate_places_a_mutation_on_its_line():
     """tools/mutate.py reads mutmut's diff of a function (counted from its `def`) into the
     mutated line's distance from the `def` and the text before and after."""

@@ -62,6 +62,11 @@ KINDS = {"equivalent": "equivalent", "gpu": "GPU only", "ddp": "DDP only"}
 APART = tuple(column for column in KINDS.values() if column != "equivalent")  # listed apart
 SECTION = "## GPU or DDP only"
 STALE = "## Exclusions no mutant needs"
+WATCHED = "## Kills by the watchdog"
+# In each profile's mutants/: the mutants tests/conftest.py's watchdog failed (its
+# WATCHDOG_LOG: mutant, test, seconds a line), and each mutmut run's minutes (RUNS_LOG).
+WATCHDOG_LOG = "mutmut-watchdog.log"
+RUNS_LOG = "make-mutate.log"
 
 
 @dataclass(frozen=True)
@@ -184,9 +189,35 @@ def run_mutmut(profile: Profile, module: str | None = None) -> float:
     print(f"mutate: profile {profile.name}, in {profile.root.relative_to(ROOT)}",
           flush=True)
     start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=profile.root,
-                   check=True)
-    return (time.monotonic() - start) / 60
+    try:
+        subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=profile.root,
+                       check=True)
+    finally:  # an interrupted run's minutes count too: the next one goes on from there
+        minutes = (time.monotonic() - start) / 60
+        (profile.root / "mutants").mkdir(parents=True, exist_ok=True)
+        with open(profile.root / "mutants" / RUNS_LOG, "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M')}\t{module or 'all'}\t{minutes:.1f}\n")
+    return minutes
+
+
+def watchdog_kills() -> dict[str, str]:
+    """Each mutant the tests' watchdog failed (tests/conftest.py: a test past 5 times its
+    duration and 30 s), in every profile's mutants/: mutant -> what it said."""
+    found = {}
+    for profile in profiles():
+        log = profile.root / "mutants" / WATCHDOG_LOG
+        for line in log.read_text().splitlines() if log.exists() else []:
+            mutant, test, seconds = line.split("\t")
+            found[mutant] = f"{test} ran past {seconds} s"
+    return found
+
+
+def runs_minutes() -> tuple[int, float]:
+    """How many mutmut runs every profile's mutants/ holds results of, and their minutes."""
+    rows = [line.split("\t") for profile in profiles()
+            for log in [profile.root / "mutants" / RUNS_LOG] if log.exists()
+            for line in log.read_text().splitlines()]
+    return len(rows), sum(float(row[2]) for row in rows)
 
 
 def names_to_run(path: Path, root: Path) -> list[str]:
@@ -205,10 +236,11 @@ def names_to_run(path: Path, root: Path) -> list[str]:
             if m.verdict != "killed" and m.change not in known]
 
 
-def mutants_of(path: Path, root: Path = ROOT) -> list[Mutant]:
+def mutants_of(path: Path, root: Path = ROOT, named: frozenset = frozenset()) -> list[Mutant]:
     """Every mutant of one source file with its verdict, from mutmut's results in
-    root/mutants/; where a test could still kill it (ALIVE), also its line and mutation, from
-    mutmut's diff (mutmut reads both relative to the folder it ran in)."""
+    root/mutants/; where a test could still kill it (ALIVE) or its name is in `named`, also its
+    line and mutation, from mutmut's diff (mutmut reads both relative to the folder it ran
+    in)."""
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.mutation.diff_apply import get_diff_for_mutant
 
@@ -219,7 +251,7 @@ def mutants_of(path: Path, root: Path = ROOT) -> list[Mutant]:
         for name, code in sorted(data.exit_code_by_key.items()):
             verdict = VERDICTS.get(code, "not run" if code is None else "timeout")
             mutant = Mutant(name, path, verdict)
-            if verdict in ALIVE:
+            if verdict in ALIVE or name in named:
                 diff = get_diff_for_mutant(name, path=path).splitlines()[2:]  # no ---/+++
                 offset, before, after = changed_lines(diff)
                 mutant = dataclasses.replace(mutant, line=starts[mutant.key] + offset,
@@ -270,14 +302,14 @@ def explained() -> dict[tuple[str, str, str], tuple[str, str]]:
 
 
 def summary(minutes: float | None) -> str:
-    known = explained()
+    known, watched = explained(), watchdog_kills()
     written = SUMMARY.read_text().splitlines() if SUMMARY.exists() else []  # for earlier()
-    rows, survivors, apart = [], [], []
+    rows, survivors, apart, hung = [], [], [], []
     totals: Counter = Counter()
     ran, used = set(), set()  # the modules this checkout's mutants/ ran; the entries they used
     for path, root in ((path, profile.root) for profile in profiles()
                        for path in profile.paths()):
-        mutants = mutants_of(path, root)
+        mutants = mutants_of(path, root, frozenset(watched))
         status = {m: known.get(m.change, (m.verdict, ""))[0]
                   if m.verdict in ALIVE else m.verdict for m in mutants}
         used |= {m.change for m in mutants if m.verdict in ALIVE}
@@ -287,10 +319,14 @@ def summary(minutes: float | None) -> str:
         found = [survivor_line(m) for m in mutants if status[m] in ALIVE]
         unreachable = [survivor_line(m, f"{status[m]}: " + known[m.change][1])
                        for m in mutants if status[m] in APART]
+        slow = [survivor_line(m, watched[m.name]) for m in mutants
+                if m.name in watched and m.verdict == "killed"]
         if count["not run"] == len(mutants):  # none ran here (none: no mutants/ at all)
-            count, found, unreachable = earlier(path, written) or (count, found, unreachable)
+            count, found, unreachable, slow = earlier(path, written) or (
+                count, found, unreachable, slow)
         survivors += found
         apart += unreachable
+        hung += slow
         totals.update(count)
         rows.append(table_row(str(path), count))
     lines = ["# Mutation testing: the summary", "",
@@ -300,7 +336,9 @@ def summary(minutes: float | None) -> str:
              "A module that this checkout's mutants/ has not run keeps the row and survivors "
              "that this file held before.", ""]
     if minutes is not None:
-        lines += [f"The run that wrote it took {minutes:.1f} minutes.", ""]
+        runs, total = runs_minutes()
+        lines += [f"The run that wrote it took {minutes:.1f} minutes; the {runs} mutmut runs "
+                  f"whose results mutants/ holds, {total:.0f} minutes in all.", ""]
     lines += ["| module | " + " | ".join(COLUMNS) + " | score |",
               "|---|" + "---|" * (len(COLUMNS) + 1), *rows, table_row("**all**", totals), "",
               f"## Survivors ({len(survivors)})", "",
@@ -312,7 +350,10 @@ def summary(minutes: float | None) -> str:
               "tests/mutation_equivalent.yaml), or that only several processes tell apart "
               "(kind ddp: DistributedDataParallel's ranks, which tests/test_distributed.py "
               "runs as processes that no mutant reaches). No test here can kill them.", "",
-              *apart]
+              *apart, "", f"{WATCHED} ({len(hung)})", "",
+              "Kills by tests/conftest.py's watchdog: a test of the mutant ran past 5 times its "
+              "own duration and 30 s (a loop that never ends). A mutant that is only slow, not "
+              "wrong, would be one: each is to check by hand.", "", *hung]
     stale = unneeded(known, used, ran)
     if stale:
         lines += ["", f"{STALE} ({len(stale)})", "",
@@ -342,9 +383,9 @@ def survivor_line(m: Mutant, why: str = "") -> str:
             f"`{m.before}` -> `{m.after}`" + (f": {why}" if why else ""))
 
 
-def earlier(path: Path, text: list[str]) -> tuple[Counter, list[str], list[str]] | None:
-    """A module's row, survivor and GPU-or-DDP-only lines as docs/mutation.md (its lines:
-    text) holds them: an earlier run's, kept while mutants/ here has not run the module (a
+def earlier(path: Path, text: list[str]) -> tuple[Counter, list[str], list[str], list[str]] | None:
+    """A module's row, survivor, GPU-or-DDP-only and watchdog lines as docs/mutation.md (its
+    lines: text) holds them: an earlier run's, kept while mutants/ here has not run the module (a
     fresh clone; MODULE= another)."""
     row = next((line for line in text if line.startswith(f"| {path} |")), None)
     if row is None:
@@ -356,10 +397,13 @@ def earlier(path: Path, text: list[str]) -> tuple[Counter, list[str], list[str]]
 
     # by the header's names: a summary written before a column was added lacks it (0)
     held = dict(zip(cells(header), cells(row), strict=True))
-    section = next((i for i, line in enumerate(text) if line.startswith(SECTION)), len(text))
+    section, watched = (next((i for i, line in enumerate(text) if line.startswith(heading)),
+                             len(text)) for heading in (SECTION, WATCHED))
     lines = [(i, line) for i, line in enumerate(text) if line.startswith(f"- `{path}:")]
     return (Counter({column: int(held.get(column, 0)) for column in COLUMNS}),
-            [line for i, line in lines if i < section], [line for i, line in lines if i > section])
+            [line for i, line in lines if i < section],
+            [line for i, line in lines if section < i < watched],
+            [line for i, line in lines if i > watched])
 
 
 def table_row(module: str, count: Counter) -> str:
