@@ -754,6 +754,9 @@ def test_the_watchdogs_kills_and_the_runs_minutes_are_named(tmp_path, monkeypatc
     assert mutate.watchdog_kills() == {
         "nmt.core.stats.x_f__mutmut_2": "tests/test_stats.py::test_a ran past 35 s"}
     assert mutate.runs_minutes() == (3, 90.0)
+    # a profile that has not run here has no folder yet: no mutants (the summary keeps the
+    # module's earlier row), not a FileNotFoundError
+    assert mutate.mutants_of(Path("src/nmt/training/loop.py"), tmp_path / "never") == []
 
     path, line = "src/nmt/core/stats.py", "- `src/nmt/core/stats.py:{}` (f): `a` -> `b`"
     header = "| module | " + " | ".join(mutate.COLUMNS) + " | score |"

@@ -244,6 +244,8 @@ def mutants_of(path: Path, root: Path = ROOT, named: frozenset = frozenset()) ->
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.mutation.diff_apply import get_diff_for_mutant
 
+    if not root.is_dir():  # a profile's folder, made by its first run (--summary before it)
+        return []
     starts, mutants = function_starts(ROOT / path), []
     with contextlib.chdir(root):
         data = SourceFileMutationData(path=path)
