@@ -40,6 +40,7 @@ import sys
 import time
 import tomllib
 from collections import Counter
+from collections.abc import Container
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -200,24 +201,24 @@ def run_mutmut(profile: Profile, module: str | None = None) -> float:
     return minutes
 
 
+def logged(name: str) -> list[list[str]]:
+    """The tab-separated rows of one log (WATCHDOG_LOG, RUNS_LOG) in every profile's mutants/."""
+    logs = [profile.root / "mutants" / name for profile in profiles()]
+    return [line.split("\t") for log in logs if log.exists()
+            for line in log.read_text().splitlines()]
+
+
 def watchdog_kills() -> dict[str, str]:
     """Each mutant the tests' watchdog failed (tests/conftest.py: a test past 5 times its
-    duration and 30 s), in every profile's mutants/: mutant -> what it said."""
-    found = {}
-    for profile in profiles():
-        log = profile.root / "mutants" / WATCHDOG_LOG
-        for line in log.read_text().splitlines() if log.exists() else []:
-            mutant, test, seconds = line.split("\t")
-            found[mutant] = f"{test} ran past {seconds} s"
-    return found
+    duration and 30 s): mutant -> what it said."""
+    return {mutant: f"{test} ran past {seconds} s"
+            for mutant, test, seconds in logged(WATCHDOG_LOG)}
 
 
 def runs_minutes() -> tuple[int, float]:
     """How many mutmut runs every profile's mutants/ holds results of, and their minutes."""
-    rows = [line.split("\t") for profile in profiles()
-            for log in [profile.root / "mutants" / RUNS_LOG] if log.exists()
-            for line in log.read_text().splitlines()]
-    return len(rows), sum(float(row[2]) for row in rows)
+    rows = logged(RUNS_LOG)
+    return len(rows), sum(float(minutes) for _, _, minutes in rows)
 
 
 def names_to_run(path: Path, root: Path) -> list[str]:
@@ -236,7 +237,7 @@ def names_to_run(path: Path, root: Path) -> list[str]:
             if m.verdict != "killed" and m.change not in known]
 
 
-def mutants_of(path: Path, root: Path = ROOT, named: frozenset = frozenset()) -> list[Mutant]:
+def mutants_of(path: Path, root: Path = ROOT, named: Container[str] = ()) -> list[Mutant]:
     """Every mutant of one source file with its verdict, from mutmut's results in
     root/mutants/; where a test could still kill it (ALIVE) or its name is in `named`, also its
     line and mutation, from mutmut's diff (mutmut reads both relative to the folder it ran
@@ -311,7 +312,7 @@ def summary(minutes: float | None) -> str:
     ran, used = set(), set()  # the modules this checkout's mutants/ ran; the entries they used
     for path, root in ((path, profile.root) for profile in profiles()
                        for path in profile.paths()):
-        mutants = mutants_of(path, root, frozenset(watched))
+        mutants = mutants_of(path, root, watched)
         status = {m: known.get(m.change, (m.verdict, ""))[0]
                   if m.verdict in ALIVE else m.verdict for m in mutants}
         used |= {m.change for m in mutants if m.verdict in ALIVE}
