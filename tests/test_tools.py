@@ -686,6 +686,9 @@ def test_cudnn_dropout_repro_stands_alone(tmp_path):
 
 
 def load_mutate():
+    """tools/mutate.py as a module, with tools/ on the path for the modules it imports."""
+    if str(REPO / "tools") not in sys.path:
+        sys.path.insert(0, str(REPO / "tools"))
     spec = importlib.util.spec_from_file_location("mutate", REPO / "tools/mutate.py")
     module = sys.modules["mutate"] = importlib.util.module_from_spec(spec)  # for @dataclass
     spec.loader.exec_module(module)
@@ -745,15 +748,15 @@ def test_the_watchdogs_kills_and_the_runs_minutes_are_named(tmp_path, monkeypatc
                           cwd=core / "mutants", env=env, capture_output=True, text=True)
     assert died.returncode == 1, died.stderr
     assert "tests/test_stats.py::test_a ran past 35 s: failed" in died.stderr
-    (core / "mutants" / mutate.RUNS_LOG).write_text("2026-11-29 20:00\tall\t50.5\n")
+    (core / "mutants" / mutate.RUNS_LOG).write_text("2026-11-29 20:00\tall\t50.5\tt1\tcpu A\n")
     (tmp_path / "training" / "mutants").mkdir(parents=True)
     (tmp_path / "training" / "mutants" / mutate.RUNS_LOG).write_text(
-        "2026-11-29 21:00\tall\t9.5\n2026-11-30 20:00\tall\t30.0\n")
+        "2026-11-29 21:00\tall\t9.5\tt1\tcpu A\n2026-11-30 20:00\tall\t30.0\tt1\tcpu B\n")
     monkeypatch.setattr(mutate, "profiles", lambda: [
         mutate.Profile(name, tmp_path / name, {}) for name in ("core", "training")])
     assert mutate.watchdog_kills() == {
         "nmt.core.stats.x_f__mutmut_2": "tests/test_stats.py::test_a ran past 35 s"}
-    assert mutate.runs_minutes() == (3, 90.0)
+    assert mutate.runs_minutes() == (3, 90.0, ["tree t1 on cpu A", "tree t1 on cpu B"])
     # a profile that has not run here has no folder yet: no mutants (the summary keeps the
     # module's earlier row), not a FileNotFoundError
     assert mutate.mutants_of(Path("src/nmt/training/loop.py"), tmp_path / "never") == []
@@ -769,16 +772,94 @@ def test_the_watchdogs_kills_and_the_runs_minutes_are_named(tmp_path, monkeypatc
     assert [survivors, apart, hung] == [[text[3]], [text[5]], [text[7]]]
 
 
-def test_mutate_places_a_mutation_on_its_line():
-    """tools/mutate.py reads mutmut's diff of a function (counted from its `def`) into the
-    mutated line's distance from the `def` and the text before and after."""
+def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, monkeypatch,
+                                                                     capsys):
+    """make mutate writes mutmut's verdicts and its logs into docs/mutation-record.json after
+    each run (tools/mutate_record.py); a whole run in a new clone, whose mutants/ holds none,
+    starts from them where the record is of this tree: mutmut, run for real on a two-function
+    project, tests only the mutants the record holds no verdict for. Of another tree (a test
+    that runs changed, the source, the settings) the run starts afresh; a test file the
+    selection does not name, or the exclusions' list, is not part of the tree."""
     mutate = load_mutate()
+    import mutate_record as record
+
+    first, clone = tmp_path / "first", tmp_path / "clone"
+    for name, text in {"src/pkg/__init__.py": "",
+                       "src/pkg/m.py": "def add(a, b):\n    return a + b\n\n\n"
+                                       "def scale(a):\n    return a * 3 + 1\n",
+                       "tests/conftest.py": "import sys\nsys.path.insert(0, 'src')\n",
+                       "tests/test_m.py": "from pkg.m import add, scale\n\n\ndef test_m():\n"
+                                          "    assert add(2, 3) == 5 and scale(2) == 7\n",
+                       "tests/test_other.py": "", "tests/mutation_equivalent.yaml": "[]\n",
+                       "pyproject.toml": "[tool.mutmut]\nsource_paths = ['src']\n"
+                                         "only_mutate = ['src/pkg/m.py']\n"
+                                         "pytest_add_cli_args_test_selection = "
+                                         "['tests/test_m.py']\n"}.items():
+        (first / name).parent.mkdir(parents=True, exist_ok=True)
+        (first / name).write_text(text)
+    shutil.copytree(first, clone)
+
+    def mutmut(folder: Path) -> dict:
+        subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=folder, check=True,
+                       capture_output=True)
+        return json.loads((folder / "mutants/src/pkg/m.py.meta").read_text())["exit_code_by_key"]
+
+    assert set(mutmut(first).values()) == {1}  # five mutants, each killed
+    config, paths, logs = {"only_mutate": ["src/pkg/m.py"],
+                           "pytest_add_cli_args_test_selection": ["tests/test_m.py"]}, [
+        Path("src/pkg/m.py")], mutate.LOGS
+    (first / "mutants" / mutate.RUNS_LOG).write_text("2026-11-30 01:00\tall\t0.1\ttree\tcpu A\n")
+    tree = record.tree_of(config, first)
+    monkeypatch.setattr(record, "RECORD", tmp_path / "record.json")
+    record.save("core", record.entry_of(first / "mutants", paths, logs, tree))
+    held = record.load()["core"]
+    assert held["verdicts"]["src/pkg/m.py"]["codes"] == {"pkg.m.x_add": [1],
+                                                         "pkg.m.x_scale": [1, 1, 1, 1]}
+    # a verdict the clone must keep (marked survived, which no run here gives) and one it
+    # must find (none)
+    held["verdicts"]["src/pkg/m.py"]["codes"]["pkg.m.x_scale"][1:3] = [0, None]
+    record.save("core", held)
+    assert record.tree_of(config, clone) == tree
+    profile = mutate.Profile("core", clone, config)
+    mutate.resume(profile, tree)
+    assert "goes on from the 4 verdicts" in capsys.readouterr().out
+    codes = mutmut(clone)
+    assert (codes["pkg.m.x_scale__mutmut_2"], codes["pkg.m.x_scale__mutmut_3"]) == (0, 1)
+    assert (clone / "mutants" / mutate.RUNS_LOG).read_text() == (
+        first / "mutants" / mutate.RUNS_LOG).read_text()
+
+    shutil.rmtree(clone / "mutants")
+    mutate.resume(profile, "another")
+    assert "for another tree (" + tree in capsys.readouterr().out
+    assert not (clone / "mutants").exists()
+    for name, part_of_tree in (("tests/test_other.py", False),
+                               ("tests/mutation_equivalent.yaml", False),
+                               ("tests/test_m.py", True), ("tests/conftest.py", True),
+                               ("src/pkg/m.py", True)):
+        (clone / name).write_text((first / name).read_text() + "# changed\n")
+        assert (record.tree_of(config, clone) != tree) == part_of_tree, name
+        (clone / name).write_text((first / name).read_text())
+    assert record.tree_of({**config, "timeout_multiplier": 3.0}, clone) != tree
+
+    meta = first / "mutants/src/pkg/m.py.meta"  # results mutmut 3 does not write: one line
+    meta.write_text(json.dumps({"exit_code_by_key": {"pkg.m.x_add__mutmut_2": 1},
+                                "hash_by_function_name": {}}))
+    with pytest.raises(SystemExit, match="numbers pkg.m.x_add's mutants with gaps"):
+        record.verdicts(first / "mutants", paths)
+
+
+def test_mutate_places_a_mutation_on_its_line():
+    """tools/mutmut_results.py reads mutmut's diff of a function (counted from its `def`) into the
+    mutated line's distance from the `def` and the text before and after."""
+    load_mutate()
+    import mutmut_results as results
+
     diff = ["@@ -1,5 +1,5 @@", " def f(x):", "     y = 2", "-    return x + y", "+    return x - y",
             "     # end"]
-    assert mutate.changed_lines(diff) == (2, "return x + y", "return x - y")
-    assert mutate.changed_lines(["@@ -3,2 +3,2 @@", "-    a,", "-    b)", "+    a)"]) == (
+    assert results.changed_lines(diff) == (2, "return x + y", "return x - y")
+    assert results.changed_lines(["@@ -3,2 +3,2 @@", "-    a,", "-    b)", "+    a)"]) == (
         2, "a, b)", "a)")
-    mutant = mutate.Mutant("nmt.core.stats.xǁSummaryǁformat__mutmut_6", Path("src/x.py"),
+    mutant = results.Mutant("nmt.core.stats.xǁSummaryǁformat__mutmut_6", Path("src/x.py"),
                            "survived", 51, "a", "b")
     assert mutant.function == "nmt.core.stats.Summary.format"
     assert dataclasses.replace(mutant, name="nmt.core.loss.x_token_loss__mutmut_2").function \
@@ -823,7 +904,7 @@ def test_mutate_runs_the_training_profile_in_a_folder_of_its_own(tmp_path):
     assert "tests/test_train.py" in training.config["pytest_add_cli_args_test_selection"]
     assert "tests/test_train.py" not in core.config["pytest_add_cli_args_test_selection"]
 
-    here = mutate.dataclasses.replace(training, root=tmp_path / "training")
+    here = dataclasses.replace(training, root=tmp_path / "training")
     mutate.workspace(here)
     mutate.workspace(here)  # again: the links stay, the file is rewritten
     for name in ("src", "tests", *training.config["also_copy"]):

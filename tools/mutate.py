@@ -13,48 +13,44 @@ loop and its resume state, with the tests that train in-process; mutmut runs it 
 to this checkout's). Apart, because mutmut runs every test that calls a mutant's function: in
 one profile, each of the models' equivalent mutants would pay the trainings too.
 
-mutmut (pinned in requirements.txt; configured in pyproject.toml's [tool.mutmut]) copies
-src/ to mutants/, writes every mutant of every function into the copy behind a switch, runs
-the selected tests once to learn which tests call which function, then runs each mutant
-against only those tests. Its results stay in mutants/ (ignored by git), so a second run
-tests only what changed. This script then writes docs/mutation.md: per module, the mutants
-killed, survived, timed out and untested, the score killed / (mutants - equivalent), and
-every survivor with its file:line and the mutation, less those that
-tests/mutation_equivalent.yaml lists, each with its reason: equivalent (a mutation that cannot
-change what the code does), GPU only (a change on a path that a CPU never takes, such as a
-tensor's device or dropout inside the fused attention kernel) or DDP only (what only several
-processes tell apart); the last two are listed in the summary, as no test here can kill them.
-docs/testing.md says how to read it.
+mutmut (pinned in requirements.txt; configured in pyproject.toml's [tool.mutmut]) copies src/
+to mutants/, writes every mutant of every function into the copy behind a switch, runs the
+selected tests once to learn which tests call which function, then runs each mutant against
+only those tests. Its results stay in mutants/ (ignored by git), so a second run tests only
+what changed; after each run they are also written into docs/mutation-record.json
+(tools/mutate_record.py), from which a whole run in a new clone goes on, where the record is
+of the same tree. This script then writes docs/mutation.md: per module, the mutants killed,
+survived, timed out and untested, the score killed / (mutants - equivalent), and every
+survivor with its file:line and the mutation, less those that tests/mutation_equivalent.yaml
+lists, each with its reason: equivalent (a mutation that cannot change what the code does),
+GPU only (a change on a path that a CPU never takes, such as a tensor's device or dropout
+inside the fused attention kernel) or DDP only (what only several processes tell apart); the
+last two are listed in the summary, as no test here can kill them. docs/testing.md says how to
+read it.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import contextlib
-import dataclasses
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
 import tomllib
 from collections import Counter
-from collections.abc import Container
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
+import mutate_record as record
 import yaml
+from mutmut_results import ALIVE, Mutant, module_of, mutants_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = ROOT / "docs" / "mutation.md"
 EQUIVALENT = ROOT / "tests" / "mutation_equivalent.yaml"
-# mutmut's verdicts, by the exit code of the tests a mutant ran (mutmut.stats): 1 and 3 are a
-# failed test, 0 all passed, 33 and 5 no test called the function; the rest timed out or died.
-VERDICTS = {1: "killed", 3: "killed", 0: "survived", 33: "untested", 5: "untested",
-            36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout"}
-ALIVE = ("survived", "untested")  # what a test could kill, or an equivalent mutant explain
 COLUMNS = ("mutants", "killed", "survived", "untested", "timeout", "equivalent", "GPU only",
            "DDP only", "not run")
 # an entry's kind -> its column: a mutation that cannot change behaviour; one on a path that
@@ -68,33 +64,7 @@ WATCHED = "## Kills by the watchdog"
 # WATCHDOG_LOG: mutant, test, seconds a line), and each mutmut run's minutes (RUNS_LOG).
 WATCHDOG_LOG = "mutmut-watchdog.log"
 RUNS_LOG = "make-mutate.log"
-
-
-@dataclass(frozen=True)
-class Mutant:
-    name: str  # mutmut's, e.g. nmt.core.stats.x_bootstrap__mutmut_3
-    path: Path  # the source file, relative to ROOT
-    verdict: str
-    line: int = 0  # of the first line the mutation changes, in the source file (alive ones)
-    before: str = ""  # the changed lines, stripped and joined (alive ones)
-    after: str = ""
-
-    @property
-    def key(self) -> str:
-        """mutmut's name of the function: x_name, or xǁClassǁname for a method."""
-        return self.name.rsplit(".", 1)[1].split("__mutmut_")[0]
-
-    @property
-    def change(self) -> tuple[str, str, str]:
-        """(function, before, after): how tests/mutation_equivalent.yaml names the mutation."""
-        return self.function, self.before, self.after
-
-    @property
-    def function(self) -> str:
-        """module.function or module.Class.method, as tests/mutation_equivalent.yaml names it."""
-        module = self.name.rsplit(".", 1)[0]
-        return f"{module}.{self.key[2:]}" if self.key.startswith("x_") else \
-            f"{module}.{'.'.join(self.key.split('ǁ')[1:])}"
+LOGS = (RUNS_LOG, WATCHDOG_LOG)  # what the record (tools/mutate_record.py) carries beside them
 
 
 @dataclass(frozen=True)
@@ -179,6 +149,9 @@ def profile_of(module: str) -> Profile:
 def run_mutmut(profile: Profile, module: str | None = None) -> float:
     """mutmut run, over every module of the profile or one; the minutes it took."""
     workspace(profile)
+    tree = record.tree_of(profile.config)
+    if module is None:
+        resume(profile, tree)
     for path in forget_unmutated_copies(profile.paths(), profile.root / "mutants"):
         print(f"mutate: {path} was copied into mutants/ unmutated; mutmut mutates it now")
     names = []
@@ -195,10 +168,40 @@ def run_mutmut(profile: Profile, module: str | None = None) -> float:
                        check=True)
     finally:  # an interrupted run's minutes count too: the next one goes on from there
         minutes = (time.monotonic() - start) / 60
-        (profile.root / "mutants").mkdir(parents=True, exist_ok=True)
-        with open(profile.root / "mutants" / RUNS_LOG, "a") as log:
-            log.write(f"{time.strftime('%Y-%m-%d %H:%M')}\t{module or 'all'}\t{minutes:.1f}\n")
+        mutants = profile.root / "mutants"
+        mutants.mkdir(parents=True, exist_ok=True)
+        with open(mutants / RUNS_LOG, "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M')}\t{module or 'all'}\t{minutes:.1f}"
+                      f"\t{tree}\t{cpu()}\n")
+        record.save(profile.name, record.entry_of(mutants, profile.paths(), LOGS, tree))
     return minutes
+
+
+def resume(profile: Profile, tree: str) -> None:
+    """A whole run whose mutants/ holds no verdicts yet (a new clone) starts from those of
+    docs/mutation-record.json, where they are of this tree (tools/mutate_record.py)."""
+    mutants = profile.root / "mutants"
+    if any((mutants / f"{path}.meta").exists() for path in profile.paths()):
+        return
+    entry, held = record.load().get(profile.name), os.path.relpath(record.RECORD, ROOT)
+    if entry is None:
+        return
+    if entry["tree"] != tree:
+        print(f"mutate: {held} holds verdicts of profile "
+              f"{profile.name} for another tree ({entry['tree']}; this one is {tree}): src/, "
+              f"the tests or the settings changed since, so this run starts afresh")
+        return
+    count = record.restore(entry, mutants, LOGS)
+    print(f"mutate: profile {profile.name} goes on from the {count} verdicts of {held} "
+          f"(tree {tree})")
+
+
+def cpu() -> str:
+    """This machine's CPU and its cores, for the runs' log: minutes differ between CPUs."""
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+             if line.startswith("model name")] if info.exists() else []
+    return f"{names[0] if names else platform.processor() or 'a CPU'}, {os.cpu_count()} cores"
 
 
 def logged(name: str) -> list[list[str]]:
@@ -215,10 +218,12 @@ def watchdog_kills() -> dict[str, str]:
             for mutant, test, seconds in logged(WATCHDOG_LOG)}
 
 
-def runs_minutes() -> tuple[int, float]:
-    """How many mutmut runs every profile's mutants/ holds results of, and their minutes."""
+def runs_minutes() -> tuple[int, float, list[str]]:
+    """How many mutmut runs every profile's mutants/ holds results of, their minutes, and the
+    trees and CPUs they ran ("tree <hash> on <CPU>", each once)."""
     rows = logged(RUNS_LOG)
-    return len(rows), sum(float(minutes) for _, _, minutes in rows)
+    where = sorted({f"tree {row[3]} on {row[4]}" for row in rows if len(row) == 5})
+    return len(rows), sum(float(row[2]) for row in rows), where
 
 
 def names_to_run(path: Path, root: Path) -> list[str]:
@@ -235,66 +240,6 @@ def names_to_run(path: Path, root: Path) -> list[str]:
     known = explained()
     return [m.name for m in mutants_of(path, root)
             if m.verdict != "killed" and m.change not in known]
-
-
-def mutants_of(path: Path, root: Path = ROOT, named: Container[str] = ()) -> list[Mutant]:
-    """Every mutant of one source file with its verdict, from mutmut's results in
-    root/mutants/; where a test could still kill it (ALIVE) or its name is in `named`, also its
-    line and mutation, from mutmut's diff (mutmut reads both relative to the folder it ran
-    in)."""
-    from mutmut.mutation.data import SourceFileMutationData
-    from mutmut.mutation.diff_apply import get_diff_for_mutant
-
-    if not root.is_dir():  # a profile's folder, made by its first run (--summary before it)
-        return []
-    starts, mutants = function_starts(ROOT / path), []
-    with contextlib.chdir(root):
-        data = SourceFileMutationData(path=path)
-        data.load()
-        for name, code in sorted(data.exit_code_by_key.items()):
-            verdict = VERDICTS.get(code, "not run" if code is None else "timeout")
-            mutant = Mutant(name, path, verdict)
-            if verdict in ALIVE or name in named:
-                diff = get_diff_for_mutant(name, path=path).splitlines()[2:]  # no ---/+++
-                offset, before, after = changed_lines(diff)
-                mutant = dataclasses.replace(mutant, line=starts[mutant.key] + offset,
-                                             before=before, after=after)
-            mutants.append(mutant)
-    return mutants
-
-
-def function_starts(path: Path) -> dict[str, int]:
-    """The line of each function's `def`, by mutmut's key (x_name, xǁClassǁname)."""
-    tree = ast.parse(path.read_text())
-    starts = {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            starts[f"x_{node.name}"] = node.lineno
-        elif isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef):
-                    starts[f"xǁ{node.name}ǁ{item.name}"] = item.lineno
-    return starts
-
-
-def changed_lines(diff: list[str]) -> tuple[int, str, str]:
-    """A function's unified diff (its lines counted from the `def`, which mutmut's diff starts
-    with) -> (the first changed line's distance from the `def`, the lines before, after)."""
-    line, first = 0, None
-    before, after = [], []
-    for text in diff:
-        if text.startswith("@@"):
-            line = int(text.split()[1].split(",")[0][1:]) - 1
-        elif text.startswith("-"):
-            first = line if first is None else first
-            before.append(text[1:].strip())
-            line += 1
-        elif text.startswith("+"):
-            first = line if first is None else first
-            after.append(text[1:].strip())
-        else:
-            line += 1
-    return first or 0, " ".join(before), " ".join(after)
 
 
 def explained() -> dict[tuple[str, str, str], tuple[str, str]]:
@@ -339,9 +284,11 @@ def summary(minutes: float | None) -> str:
              "A module that this checkout's mutants/ has not run keeps the row and survivors "
              "that this file held before.", ""]
     if minutes is not None:
-        runs, total = runs_minutes()
+        runs, total, where = runs_minutes()
         lines += [f"The run that wrote it took {minutes:.1f} minutes; the {runs} mutmut runs "
-                  f"whose results mutants/ holds, {total:.0f} minutes in all.", ""]
+                  f"whose results mutants/ holds (carried between clones by "
+                  f"docs/mutation-record.json), {total:.0f} minutes in all: "
+                  f"{'; '.join(where) or 'where, not logged'}.", ""]
     lines += ["| module | " + " | ".join(COLUMNS) + " | score |",
               "|---|" + "---|" * (len(COLUMNS) + 1), *rows, table_row("**all**", totals), "",
               f"## Survivors ({len(survivors)})", "",
@@ -373,12 +320,6 @@ def unneeded(known: dict, used: set, ran: set[str]) -> list[tuple[str, str, str]
     killed now, or no longer made."""
     return [key for key in known if key not in used
             and any(key[0].startswith(module + ".") for module in ran)]
-
-
-def module_of(path: Path) -> str:
-    """src/nmt/core/stats.py -> nmt.core.stats (a package's __init__.py: the package)."""
-    parts = path.relative_to("src").with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def survivor_line(m: Mutant, why: str = "") -> str:

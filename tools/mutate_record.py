@@ -1,0 +1,126 @@
+"""make mutate's record, docs/mutation-record.json: mutmut's verdicts and make mutate's logs,
+committed, so that a whole run spread over several machines goes on where the last one stopped.
+
+mutmut keeps its verdicts in mutants/, which git ignores: a new clone starts from none, and on
+2 cores a whole run takes longer than a session holds one machine. So after each mutmut run,
+tools/mutate.py writes the profile's verdicts and its logs into the record, with the tree they
+are of; a whole run in a clone whose mutants/ holds no verdicts yet starts from the record
+when the record is of this tree, and afresh otherwise. The tree is what the verdicts depend on:
+the source files, the tests the profile runs and the files they read, the profile's settings,
+and the versions of Python, mutmut and torch. Commit the record after a run to carry it on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "docs" / "mutation-record.json"
+# tests/ files that no test of a profile reads: the exclusions' list is the summary's (read by
+# tools/mutate.py, after mutmut), and test_*.py files its selection does not name never run.
+NOT_READ = ("mutation_equivalent.yaml",)
+
+
+def tree_of(config: dict, root: Path = ROOT) -> str:
+    """A hash (16 hex digits) of what a profile's verdicts depend on: the files under src/,
+    those under tests/ that its tests can read, what its also_copy names, its settings
+    (`config`: its [tool.mutmut]), and the versions of Python, mutmut and torch."""
+    selection = config.get("pytest_add_cli_args_test_selection", [])
+    named = {Path(arg).name for arg in selection if arg.endswith(".py")}
+
+    def read(path: Path) -> bool:
+        return path.name not in NOT_READ and not (
+            named and path.name.startswith("test_") and path.name not in named)
+
+    files = [*files_under(root / "src"), *filter(read, files_under(root / "tests")),
+             *(file for name in config.get("also_copy", []) for file in files_under(root / name))]
+    digest = hashlib.sha256(json.dumps(
+        [config, sys.version_info[:2], version("mutmut"), version("torch")],
+        sort_keys=True).encode())
+    for file in files:
+        digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def files_under(path: Path) -> list[Path]:
+    """The file `path`, or the files under the folder `path` (no __pycache__), in order."""
+    if path.is_file():
+        return [path]
+    return sorted(file for file in path.rglob("*")
+                  if file.is_file() and "__pycache__" not in file.parts)
+
+
+def verdicts(mutants: Path, paths: list[Path]) -> dict:
+    """mutmut's results in `mutants` for each of `paths` that has them: per source file, each
+    function's hash (mutmut keeps a function's verdicts while its hash holds) and the exit
+    codes of its mutants, in their order (mutmut numbers a function's mutants from 1)."""
+    found = {}
+    for path in paths:
+        meta = mutants / f"{path}.meta"
+        if not meta.exists():
+            continue
+        held = json.loads(meta.read_text())
+        codes: dict[str, list] = {}
+        for name, code in sorted(held["exit_code_by_key"].items(),
+                                 key=lambda item: number_of(item[0])):
+            function, number = name.rsplit("__mutmut_", 1)
+            codes.setdefault(function, []).append(code)
+            if len(codes[function]) != int(number):
+                sys.exit(f"mutate: {meta} numbers {function}'s mutants with gaps ({name}): "
+                         f"not mutmut 3's results")
+        found[str(path)] = {"hashes": held["hash_by_function_name"], "codes": codes}
+    return found
+
+
+def number_of(name: str) -> tuple[str, int]:
+    function, number = name.rsplit("__mutmut_", 1)
+    return function, int(number)
+
+
+def restore(entry: dict, mutants: Path, logs: tuple[str, ...]) -> int:
+    """Write a profile's record (`entry`) into a `mutants` that holds no results: each source
+    file's .meta, as mutmut writes it, and `logs`, make mutate's logs. Returns the verdicts."""
+    for path, held in entry["verdicts"].items():
+        meta = mutants / f"{path}.meta"
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        codes = {f"{function}__mutmut_{n}": code for function, each in held["codes"].items()
+                 for n, code in enumerate(each, start=1)}
+        meta.write_text(json.dumps({
+            "exit_code_by_key": codes, "hash_by_function_name": held["hashes"],
+            "type_check_error_by_key": {}, "durations_by_key": {},
+            "estimated_durations_by_key": {}}, indent=4))
+    for log in logs:
+        rows = entry["logs"].get(log, [])
+        if rows:
+            (mutants / log).write_text("".join("\t".join(row) + "\n" for row in rows))
+    return sum(code is not None for held in entry["verdicts"].values()
+               for each in held["codes"].values() for code in each)
+
+
+def entry_of(mutants: Path, paths: list[Path], logs: tuple[str, ...], tree: str) -> dict:
+    """A profile's record: its tree, the verdicts in `mutants` and the rows of its `logs`."""
+    rows = {log: [line.split("\t") for line in (mutants / log).read_text().splitlines()]
+            for log in logs if (mutants / log).exists()}
+    return {"tree": tree, "logs": rows, "verdicts": verdicts(mutants, paths)}
+
+
+def load() -> dict:
+    """The record by profile ({} where there is none); one clear line if it is damaged."""
+    if not RECORD.exists():
+        return {}
+    try:
+        return json.loads(RECORD.read_text())
+    except json.JSONDecodeError as error:
+        sys.exit(f"mutate: {RECORD} is not JSON ({error}): restore it with git checkout, or "
+                 f"delete it to start a whole run afresh")
+
+
+def save(name: str, entry: dict) -> None:
+    """Replace one profile's record, keeping the others'."""
+    held = load()
+    held[name] = entry
+    RECORD.write_text(json.dumps(held, indent=1, sort_keys=True) + "\n")
