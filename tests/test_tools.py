@@ -779,7 +779,8 @@ def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, 
     starts from them where the record is of this tree: mutmut, run for real on a two-function
     project, tests only the mutants the record holds no verdict for. Of another tree (a test
     that runs changed, the source, the settings) the run starts afresh; a test file the
-    selection does not name, or the exclusions' list, is not part of the tree."""
+    selection does not name, the exclusions' list, or make mutate's own code (tools/mutate.py
+    and the modules it imports) is not part of the tree."""
     mutate = load_mutate()
     import mutate_record as record
 
@@ -840,6 +841,16 @@ def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, 
         assert (record.tree_of(config, clone) != tree) == part_of_tree, name
         (clone / name).write_text((first / name).read_text())
     assert record.tree_of({**config, "timeout_multiplier": 3.0}, clone) != tree
+    copying = {**config, "also_copy": ["tools"]}  # as the profiles copy tools/
+    (clone / "tools").mkdir()
+    for name in ("mutate.py", "mutate_record.py", "mutmut_results.py", "doc_figures.py"):
+        (clone / "tools" / name).write_text("")
+    copied = record.tree_of(copying, clone)
+    for name, part_of_tree in (("mutate.py", False), ("mutate_record.py", False),
+                               ("mutmut_results.py", False), ("doc_figures.py", True)):
+        (clone / "tools" / name).write_text("# changed\n")
+        assert (record.tree_of(copying, clone) != copied) == part_of_tree, name
+        (clone / "tools" / name).write_text("")
 
     meta = first / "mutants/src/pkg/m.py.meta"  # results mutmut 3 does not write: one line
     meta.write_text(json.dumps({"exit_code_by_key": {"pkg.m.x_add__mutmut_2": 1},

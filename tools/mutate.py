@@ -207,8 +207,7 @@ def cpu() -> str:
 def logged(name: str) -> list[list[str]]:
     """The tab-separated rows of one log (WATCHDOG_LOG, RUNS_LOG) in every profile's mutants/."""
     logs = [profile.root / "mutants" / name for profile in profiles()]
-    return [line.split("\t") for log in logs if log.exists()
-            for line in log.read_text().splitlines()]
+    return [row for log in logs if log.exists() for row in record.rows(log)]
 
 
 def watchdog_kills() -> dict[str, str]:

@@ -20,9 +20,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "mutation-record.json"
-# tests/ files that no test of a profile reads: the exclusions' list is the summary's (read by
-# tools/mutate.py, after mutmut), and test_*.py files its selection does not name never run.
-NOT_READ = ("mutation_equivalent.yaml",)
+# Files that only make mutate reads, no test of a profile: the exclusions' list (read by the
+# summary, after mutmut) and make mutate's own code, which runs mutmut and reads its results.
+# An edit of them changes no verdict, so it keeps the record (test_*.py files that a profile's
+# selection does not name are left out of its tree too: they never run).
+NOT_READ = ("tests/mutation_equivalent.yaml", "tools/mutate.py", "tools/mutate_record.py",
+            "tools/mutmut_results.py")
 
 
 def tree_of(config: dict, root: Path = ROOT) -> str:
@@ -33,11 +36,12 @@ def tree_of(config: dict, root: Path = ROOT) -> str:
     named = {Path(arg).name for arg in selection if arg.endswith(".py")}
 
     def read(path: Path) -> bool:
-        return path.name not in NOT_READ and not (
-            named and path.name.startswith("test_") and path.name not in named)
+        return str(path.relative_to(root)) not in NOT_READ and not (
+            path.parent == root / "tests" and named and path.name.startswith("test_")
+            and path.name not in named)
 
-    files = [*files_under(root / "src"), *filter(read, files_under(root / "tests")),
-             *(file for name in config.get("also_copy", []) for file in files_under(root / name))]
+    files = filter(read, [*files_under(root / "src"), *files_under(root / "tests"), *(
+        file for name in config.get("also_copy", []) for file in files_under(root / name))])
     digest = hashlib.sha256(json.dumps(
         [config, sys.version_info[:2], version("mutmut"), version("torch")],
         sort_keys=True).encode())
@@ -65,18 +69,18 @@ def verdicts(mutants: Path, paths: list[Path]) -> dict:
             continue
         held = json.loads(meta.read_text())
         codes: dict[str, list] = {}
-        for name, code in sorted(held["exit_code_by_key"].items(),
-                                 key=lambda item: number_of(item[0])):
-            function, number = name.rsplit("__mutmut_", 1)
+        for (function, number), code in sorted(
+                (number_of(name), code) for name, code in held["exit_code_by_key"].items()):
             codes.setdefault(function, []).append(code)
-            if len(codes[function]) != int(number):
-                sys.exit(f"mutate: {meta} numbers {function}'s mutants with gaps ({name}): "
-                         f"not mutmut 3's results")
+            if len(codes[function]) != number:
+                sys.exit(f"mutate: {meta} numbers {function}'s mutants with gaps "
+                         f"({function}__mutmut_{number}): not mutmut 3's results")
         found[str(path)] = {"hashes": held["hash_by_function_name"], "codes": codes}
     return found
 
 
 def number_of(name: str) -> tuple[str, int]:
+    """nmt.core.stats.x_f__mutmut_3 -> ("nmt.core.stats.x_f", 3)."""
     function, number = name.rsplit("__mutmut_", 1)
     return function, int(number)
 
@@ -103,9 +107,13 @@ def restore(entry: dict, mutants: Path, logs: tuple[str, ...]) -> int:
 
 def entry_of(mutants: Path, paths: list[Path], logs: tuple[str, ...], tree: str) -> dict:
     """A profile's record: its tree, the verdicts in `mutants` and the rows of its `logs`."""
-    rows = {log: [line.split("\t") for line in (mutants / log).read_text().splitlines()]
-            for log in logs if (mutants / log).exists()}
-    return {"tree": tree, "logs": rows, "verdicts": verdicts(mutants, paths)}
+    held = {log: rows(mutants / log) for log in logs if (mutants / log).exists()}
+    return {"tree": tree, "logs": held, "verdicts": verdicts(mutants, paths)}
+
+
+def rows(log: Path) -> list[list[str]]:
+    """The tab-separated rows of one of make mutate's logs."""
+    return [line.split("\t") for line in log.read_text().splitlines()]
 
 
 def load() -> dict:
