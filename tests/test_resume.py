@@ -301,7 +301,7 @@ def test_a_snakemake_killed_alone_stops_its_training_and_the_rerun_resumes(unint
     finish(killed, check=False)
     assert killed.returncode == -signal.SIGKILL
     deadline = time.monotonic() + 60
-    while any(" train " in " ".join(p.cmdline()) for p in running_in(root)):
+    while any(" train " in command for command in running_in(root)):
         assert time.monotonic() < deadline, "the orphaned training goes on"
         time.sleep(0.5)
     state = RUN.dir(root / "results") / "resume.pt"
@@ -318,16 +318,18 @@ def test_a_snakemake_killed_alone_stops_its_training_and_the_rerun_resumes(unint
     assert run_numbers(root) == uninterrupted()
 
 
-def running_in(root: Path) -> list:
-    """The processes whose working folder is root."""
+def running_in(root: Path) -> list[str]:
+    """The command lines of the live processes whose working folder is root. A zombie has
+    ended: an orphan's waits for whichever process adopted it to reap it, and in a container
+    that may be late (CI once read one's command line and failed on psutil.ZombieProcess)."""
     import psutil
 
     found = []
     for process in psutil.process_iter():
         try:
-            if Path(process.cwd()) == root:
-                found.append(process)
-        except psutil.Error:
+            if process.status() != psutil.STATUS_ZOMBIE and Path(process.cwd()) == root:
+                found.append(" ".join(process.cmdline()))
+        except psutil.Error:  # ZombieProcess and NoSuchProcess among them: it ended meanwhile
             continue
     return found
 
