@@ -29,7 +29,7 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 # of the shared tiny pipelines together; tests/conftest.py); TEST_WORKERS=0: one process.
 # Three on two cores: many tests wait on the processes they start (orchestrators, trainings),
 # and a third worker fills those waits (docs/testing.md: the CPU busy 194 % of the run, and
-# 975 s of pytest where two workers took 1,058 s, on one 2-core Intel Xeon).
+# 976 s of pytest where two workers took 1,058 s, on one 2-core Intel Xeon).
 TEST_WORKERS ?= 3
 
 test: setup  ## the whole test suite, the smoke runs of both orchestrators included

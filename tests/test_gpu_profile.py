@@ -88,7 +88,7 @@ def test_the_gpu_profile_runs_trainings_at_once(tmp_path, mirror):
     root = scratch_copy(tmp_path)
     seeds = [0, 1, 2, 3]
     edit_params(root / "params.yaml", pipeline={"recipes": ["published"], "models": ["baseline"],
-                                                "seeds": seeds})
+                                                "seeds": seeds, "export": []})
     targets = [f"results/published-baseline-s{s}/best.pt" for s in seeds]
     out = run(["snakemake", *targets, *PROFILE, "--set-threads", "train=1", "verify=1"], root)
     assert most_trainings_at_once(out) == 4, out[-3000:]
