@@ -879,7 +879,8 @@ def test_mutate_places_a_mutation_on_its_line():
 
 def test_an_exclusion_no_surviving_mutant_needs_is_named():
     """An entry of tests/mutation_equivalent.yaml whose mutant a test kills now is listed for
-    deletion, but only where its module ran (a run of one module says nothing of the rest);
+    deletion, but only where its module ran (a run of one module says nothing of the rest)
+    and its function's mutants all did (a stopped run says nothing of those not run yet);
     the model interface's protocol stubs are not mutated (a mutant breaks isinstance)."""
     mutate = load_mutate()
     known = {("nmt.core.loss.corpus_loss", "a", "b"): ("equivalent", "why"),
@@ -889,6 +890,8 @@ def test_an_exclusion_no_surviving_mutant_needs_is_named():
     assert mutate.unneeded(known, used, {"nmt.core.loss"}) == [
         ("nmt.core.loss.corpus_loss", "c", "d")]
     assert mutate.unneeded(known, used, {"nmt.core.lo"}) == []  # a module's name, whole
+    # a run stopped before corpus_loss's mutants: no verdict on them yet, nothing to delete
+    assert mutate.unneeded(known, used, {"nmt.core.loss"}, {"nmt.core.loss.corpus_loss"}) == []
     assert mutate.module_of(Path("src/nmt/models/__init__.py")) == "nmt.models"
     paths = mutate.mutated_paths()
     assert Path("src/nmt/models/interface.py") not in paths

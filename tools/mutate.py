@@ -254,6 +254,7 @@ def summary(minutes: float | None) -> str:
     rows, survivors, apart, hung = [], [], [], []
     totals: Counter = Counter()
     ran, used = set(), set()  # the modules this checkout's mutants/ ran; the entries they used
+    pending = set()  # the functions with a mutant not run yet (a run stopped on its way)
     for path, root in ((path, profile.root) for profile in profiles()
                        for path in profile.paths()):
         mutants = mutants_of(path, root, watched)
@@ -262,6 +263,7 @@ def summary(minutes: float | None) -> str:
         used |= {m.change for m in mutants if m.verdict in ALIVE}
         if any(m.verdict != "not run" for m in mutants):
             ran.add(module_of(path))
+        pending |= {m.function for m in mutants if m.verdict == "not run"}
         count = Counter(status.values()) + Counter(mutants=len(mutants))
         found = [survivor_line(m) for m in mutants if status[m] in ALIVE]
         unreachable = [survivor_line(m, f"{status[m]}: " + known[m.change][1])
@@ -303,7 +305,7 @@ def summary(minutes: float | None) -> str:
               "Kills by tests/conftest.py's watchdog: a test of the mutant ran past 5 times its "
               "own duration and 30 s (a loop that never ends). A mutant that is only slow, not "
               "wrong, would be one: each is to check by hand.", "", *hung]
-    stale = unneeded(known, used, ran)
+    stale = unneeded(known, used, ran, pending)
     if stale:
         lines += ["", f"{STALE} ({len(stale)})", "",
                   "Entries of tests/mutation_equivalent.yaml that no surviving mutant of a "
@@ -313,11 +315,13 @@ def summary(minutes: float | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def unneeded(known: dict, used: set, ran: set[str]) -> list[tuple[str, str, str]]:
+def unneeded(known: dict, used: set, ran: set[str],
+             pending: set[str] = frozenset()) -> list[tuple[str, str, str]]:
     """The entries (function, before, after) of tests/mutation_equivalent.yaml that no alive
-    mutant matched (`used`), among the modules this run tested (`ran`): each one's mutant is
-    killed now, or no longer made."""
-    return [key for key in known if key not in used
+    mutant matched (`used`), among the modules this run tested (`ran`), less those of a
+    function with mutants not run yet (`pending`: a stopped run has no verdict on them):
+    each one's mutant is killed now, or no longer made."""
+    return [key for key in known if key not in used and key[0] not in pending
             and any(key[0].startswith(module + ".") for module in ran)]
 
 
