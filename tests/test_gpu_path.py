@@ -106,18 +106,17 @@ def test_padding_to_a_multiple_changes_no_loss(pairs, name):
         assert (grads - grads8).abs().max().item() <= 1e-10
 
 
-def graphs_compiled(pairs, batch_by: str,
-                    pad_multiples: tuple[int, ...]) -> tuple[list, int]:
+def graphs_compiled(pairs, pad_multiples: tuple[int, ...]) -> tuple[list, int]:
     """(distinct batch shapes for each pad multiple, graphs dynamo compiled) over one epoch of
-    real batches for each pad multiple in turn, all through one scratch model compiled as train
-    compiles it (nmt.training.step.compiled), with aot_eager for inductor: it traces forward and
-    backward alike, without generating code."""
+    real sentence batches for each pad multiple in turn, all through one scratch model
+    compiled as train compiles it (nmt.training.step.compiled), with aot_eager for inductor:
+    it traces forward and backward alike, without generating code."""
     torch.manual_seed(0)
     model = build_model("scratch", ModelConfig(**TINY_MODEL), 2000, 2000)
     step_model = compiled(model, backend="aot_eager")
     shapes = []
     for multiple in pad_multiples:
-        batches = Batches(pairs, batch_by, 32, 400, shuffle=True, seed=0, pad_multiple=multiple,
+        batches = Batches(pairs, "sentences", 32, 400, shuffle=True, seed=0, pad_multiple=multiple,
                           max_len=256)
         shapes.append(set())
         for src, tgt in batches:
@@ -133,7 +132,7 @@ def test_one_graph_for_every_batch_shape_padded_or_not(pairs, capsys):
     multiple of 8 (with duck shaping it compiled twice here, padded or not; the two used to
     compile apart, and two compilations took twice the time to show the same). Padding to a
     multiple of 8 only lowers the number of distinct shapes (token batches: 9 either way)."""
-    (shapes, shapes8), graphs = graphs_compiled(pairs, "sentences", (1, 8))
+    (shapes, shapes8), graphs = graphs_compiled(pairs, (1, 8))
     with capsys.disabled():
         print(f"\ndistinct shapes {shapes} -> {shapes8} with pad_multiple 8, "
               f"graphs compiled {graphs}")
