@@ -260,7 +260,9 @@ def summary(minutes: float | None) -> str:
         mutants = mutants_of(path, root, watched)
         status = {m: known.get(m.change, (m.verdict, ""))[0]
                   if m.verdict in ALIVE else m.verdict for m in mutants}
-        used |= {m.change for m in mutants if m.verdict in ALIVE}
+        # an entry is used by a mutant still alive, or by one the watchdog killed (only slow,
+        # as the entry says, on this machine: a faster one may let it survive)
+        used |= {m.change for m in mutants if m.verdict in ALIVE or m.name in watched}
         if any(m.verdict != "not run" for m in mutants):
             ran.add(module_of(path))
         pending |= {m.function for m in mutants if m.verdict == "not run"}
@@ -268,8 +270,10 @@ def summary(minutes: float | None) -> str:
         found = [survivor_line(m) for m in mutants if status[m] in ALIVE]
         unreachable = [survivor_line(m, f"{status[m]}: " + known[m.change][1])
                        for m in mutants if status[m] in APART]
-        slow = [survivor_line(m, watched[m.name]) for m in mutants
-                if m.name in watched and m.verdict == "killed"]
+        slow = [survivor_line(m, watched[m.name] + (
+                    f"; listed as {known[m.change][0]}: {known[m.change][1]}"
+                    if m.change in known else ""))
+                for m in mutants if m.name in watched and m.verdict == "killed"]
         if count["not run"] == len(mutants):  # none ran here (none: no mutants/ at all)
             count, found, unreachable, slow = earlier(path, written) or (
                 count, found, unreachable, slow)
