@@ -701,50 +701,15 @@ def test_results_that_is_a_file_is_one_line_under_each_tool(tmp_path, mirror):
 
 
 # ---- issue 69 item 2: both orchestrators in one checkout, alternately ---------------------
-
-@pytest.fixture(scope="module")
-def alternating(tmp_path_factory, mirror) -> Path:
-    """A tiny copy of one run (the published baseline, seed 0), not yet run: what either tool
-    re-runs is a matter of stages, not of how many runs there are (a second run's training,
-    verification and evaluation took a fifth of make test's slowest test)."""
-    root = scratch_copy(tmp_path_factory.mktemp("alternating"))
-    edit_params(root / "params.yaml", pipeline={"recipes": ["published"], "models": ["baseline"],
-                                                "seeds": [0], "export": []},
-                bench={"recipe": "published"})
-    return root
-
+# (the alternation itself runs in the tiny Snakemake copy: tests/test_pipeline.py)
 
 @pytest.mark.slow
-def test_either_orchestrator_after_the_other_runs_nothing_again(alternating):
-    """Snakemake first: `dvc repro` refuses in one line before it deletes a training (dvc.lock
-    knows none of them), `nmt adopt` records the run, and from then on each tool, run after
-    the other, twice each way and once more without Snakemake's records, re-runs nothing (DVC:
-    only its always-run sources stage, which keeps params/sources.sha256 and its time as they
-    were)."""
-    root = alternating
-    refused = run(["nmt", "adopt"], root, check=False)  # nothing Snakemake finished yet
+def test_adopt_refuses_a_checkout_snakemake_has_not_finished(committed):
+    """`nmt adopt` records only what Snakemake finished: in a copy no tool has run, one line
+    says how many jobs are left."""
+    refused = run(["nmt", "adopt"], committed, check=False)
     assert "job(s) to do: only a finished run can be recorded" in refused, refused
-    run(["snakemake", "--cores", "2"], root)
-    trained = digests(root, TRAINED)
-    sources = (root / "params/sources.sha256").stat().st_mtime_ns
-    out = run(["dvc", "repro"], root, check=False)
-    errors = [e for e in error_lines(out) if not e.startswith("ERROR: failed to reproduce")]
-    assert len(errors) == 1 and "not in dvc.lock" in errors[0] and "nmt adopt" in errors[0], out
-    assert "Running stage 'train" not in out and digests(root, TRAINED) == trained
-    assert "dvc.lock records" in run(["nmt", "adopt"], root)
-    for _ in range(2):
-        out = run(["dvc", "repro"], root)
-        ran = re.findall(r"Running stage '([^']+)'", out)
-        assert ran == ["sources"], out
-        assert "Nothing to be done" in run(["snakemake", "--cores", "2"], root)
-    # As DVC had made every output: Snakemake without its records of them compares times only
-    # (where a rewritten sources record re-ran download and all after it). Once: the loop
-    # above showed that a tool's run after the other's leaves nothing for the next.
-    shutil.rmtree(root / ".snakemake" / "metadata")
-    assert re.findall(r"Running stage '([^']+)'", run(["dvc", "repro"], root)) == ["sources"]
-    assert "Nothing to be done" in run(["snakemake", "-n", "--cores", "2"], root)
-    assert digests(root, TRAINED) == trained
-    assert (root / "params/sources.sha256").stat().st_mtime_ns == sources
+    assert not (committed / "dvc.lock").exists()
 
 
 def a_process_named(name: str, folder: Path, tmp_path: Path) -> subprocess.Popen:

@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import json
 import re
+import shutil
 
 import pytest
 import yaml
@@ -111,3 +112,43 @@ def test_dvc_experiments(dvc_run):
         dvc_run)
     assert resolved.read_text() == experiment
     assert "up to date" in run(["dvc", "status", "config@published"], dvc_run)
+
+
+def test_either_orchestrator_after_the_other_runs_nothing_again(snakemake_run):
+    """Issue 69 item 2, in the checkout Snakemake ran whole: `dvc repro` refuses in one line
+    before it deletes a training (dvc.lock knows none of them), `nmt adopt` records the runs,
+    and from then on each tool, run after the other, twice each way and once more without
+    Snakemake's records, re-runs nothing (DVC: only its always-run sources stage, which keeps
+    params/sources.sha256 and its time as they were). (`nmt adopt` in a checkout Snakemake
+    has not finished: tests/test_orchestrators.py.) Runs last of the tiny pipelines' tests: it
+    writes dvc.lock there and deletes .snakemake/metadata, which the contract's dry runs and
+    Snakemake's report read."""
+    root = snakemake_run
+    trained = {path: hashlib.sha256(path.read_bytes()).hexdigest()
+               for path in sorted((root / "results").glob("*/*"))
+               if path.name in ("best.pt", "last.pt", "train.json", "history.csv")}
+    assert len(trained) == 4 * 6  # 2 recipes x 3 models
+
+    def unchanged() -> bool:
+        return {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in trained} == trained
+
+    sources = (root / "params/sources.sha256").stat().st_mtime_ns
+    out = run(["dvc", "repro"], root, check=False)
+    errors = [line for line in out.splitlines() if "error" in line.lower()
+              and not line.startswith("ERROR: failed to reproduce")]
+    assert len(errors) == 1 and "not in dvc.lock" in errors[0] and "nmt adopt" in errors[0], out
+    assert "Running stage 'train" not in out and unchanged()
+    assert "dvc.lock records" in run(["nmt", "adopt"], root)
+    for _ in range(2):
+        out = run(["dvc", "repro"], root)
+        assert re.findall(r"Running stage '([^']+)'", out) == ["sources"], out
+        assert "Nothing to be done" in run(["snakemake", "--cores", "2", "--resources", "gpu=2"],
+                                           root)
+    # As DVC had made every output: Snakemake without its records of them compares times only
+    # (where a rewritten sources record re-ran download and all after it). Once: the loop
+    # above showed that a tool's run after the other's leaves nothing for the next.
+    shutil.rmtree(root / ".snakemake" / "metadata")
+    assert re.findall(r"Running stage '([^']+)'", run(["dvc", "repro"], root)) == ["sources"]
+    assert "Nothing to be done" in run(["snakemake", "-n", "--cores", "2"], root)
+    assert unchanged()
+    assert (root / "params/sources.sha256").stat().st_mtime_ns == sources
