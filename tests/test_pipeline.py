@@ -88,8 +88,8 @@ def test_the_orchestrators_own_reports(dvc_run, snakemake_run, tmp_path):
 def test_dvc_experiments(dvc_run):
     """`dvc exp run -S` and `dvc exp show` work on the pipeline. The experiment reaches one
     run's evaluation (a target, as `make demo-search` names one): every run would train again
-    for the same check. Runs last: it changes the copy that the contract tests
-    (tests/test_contract.py, earlier in the session) read."""
+    for the same check. Runs after the contract tests (tests/test_contract.py,
+    earlier in the session): it changes the DVC copy they read."""
     run(["git", "add", "-A"], dvc_run)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny run"],
         dvc_run)
