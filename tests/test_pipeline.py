@@ -15,6 +15,7 @@ import shutil
 import pytest
 import yaml
 
+from test_orchestrators import TRAINED, digests, error_lines
 from tiny import check_report, run
 
 pytestmark = pytest.mark.slow
@@ -124,20 +125,15 @@ def test_either_orchestrator_after_the_other_runs_nothing_again(snakemake_run):
     writes dvc.lock there and deletes .snakemake/metadata, which the contract's dry runs and
     Snakemake's report read."""
     root = snakemake_run
-    trained = {path: hashlib.sha256(path.read_bytes()).hexdigest()
-               for path in sorted((root / "results").glob("*/*"))
-               if path.name in ("best.pt", "last.pt", "train.json", "history.csv")}
-    assert len(trained) == 4 * 6  # 2 recipes x 3 models
-
-    def unchanged() -> bool:
-        return {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in trained} == trained
-
+    files = [path.relative_to(root) for path in sorted((root / "results").glob("*/*"))
+             if path.name in {f.name for f in TRAINED}]
+    assert len(files) == len(TRAINED) * 6  # 2 recipes x 3 models
+    trained = digests(root, files)
     sources = (root / "params/sources.sha256").stat().st_mtime_ns
     out = run(["dvc", "repro"], root, check=False)
-    errors = [line for line in out.splitlines() if "error" in line.lower()
-              and not line.startswith("ERROR: failed to reproduce")]
+    errors = [e for e in error_lines(out) if not e.startswith("ERROR: failed to reproduce")]
     assert len(errors) == 1 and "not in dvc.lock" in errors[0] and "nmt adopt" in errors[0], out
-    assert "Running stage 'train" not in out and unchanged()
+    assert "Running stage 'train" not in out and digests(root, files) == trained
     assert "dvc.lock records" in run(["nmt", "adopt"], root)
     for _ in range(2):
         out = run(["dvc", "repro"], root)
@@ -150,5 +146,5 @@ def test_either_orchestrator_after_the_other_runs_nothing_again(snakemake_run):
     shutil.rmtree(root / ".snakemake" / "metadata")
     assert re.findall(r"Running stage '([^']+)'", run(["dvc", "repro"], root)) == ["sources"]
     assert "Nothing to be done" in run(["snakemake", "-n", "--cores", "2"], root)
-    assert unchanged()
+    assert digests(root, files) == trained
     assert (root / "params/sources.sha256").stat().st_mtime_ns == sources
