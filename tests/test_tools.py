@@ -779,8 +779,9 @@ def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, 
     starts from them where the record is of this tree: mutmut, run for real on a two-function
     project, tests only the mutants the record holds no verdict for. Of another tree (a test
     that runs changed, the source, the settings) the run starts afresh; a test file the
-    selection does not name, the exclusions' list, or make mutate's own code (tools/mutate.py
-    and the modules it imports) is not part of the tree."""
+    selection names whole or by a test's id is part of the tree, one it does not name, the
+    exclusions' list, or make mutate's own code (tools/mutate.py and the modules it imports)
+    is not."""
     mutate = load_mutate()
     import mutate_record as record
 
@@ -791,7 +792,8 @@ def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, 
                        "tests/conftest.py": "import sys\nsys.path.insert(0, 'src')\n",
                        "tests/test_m.py": "from pkg.m import add, scale\n\n\ndef test_m():\n"
                                           "    assert add(2, 3) == 5 and scale(2) == 7\n",
-                       "tests/test_other.py": "", "tests/mutation_equivalent.yaml": "[]\n",
+                       "tests/test_other.py": "", "tests/test_some.py": "",
+                       "tests/mutation_equivalent.yaml": "[]\n",
                        "pyproject.toml": "[tool.mutmut]\nsource_paths = ['src']\n"
                                          "only_mutate = ['src/pkg/m.py']\n"
                                          "pytest_add_cli_args_test_selection = "
@@ -807,7 +809,8 @@ def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, 
 
     assert set(mutmut(first).values()) == {1}  # five mutants, each killed
     config, paths, logs = {"only_mutate": ["src/pkg/m.py"],
-                           "pytest_add_cli_args_test_selection": ["tests/test_m.py"]}, [
+                           "pytest_add_cli_args_test_selection": [
+                               "tests/test_m.py", "tests/test_some.py::test_a"]}, [
         Path("src/pkg/m.py")], mutate.LOGS
     (first / "mutants" / mutate.RUNS_LOG).write_text("2026-11-30 01:00\tall\t0.1\ttree\tcpu A\n")
     tree = record.tree_of(config, first)
@@ -835,7 +838,8 @@ def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, 
     assert not (clone / "mutants").exists()
     for name, part_of_tree in (("tests/test_other.py", False),
                                ("tests/mutation_equivalent.yaml", False),
-                               ("tests/test_m.py", True), ("tests/conftest.py", True),
+                               ("tests/test_m.py", True), ("tests/test_some.py", True),
+                               ("tests/conftest.py", True),
                                ("src/pkg/m.py", True)):
         (clone / name).write_text((first / name).read_text() + "# changed\n")
         assert (record.tree_of(config, clone) != tree) == part_of_tree, name

@@ -33,7 +33,9 @@ def tree_of(config: dict, root: Path = ROOT) -> str:
     those under tests/ that its tests can read, what its also_copy names, its settings
     (`config`: its [tool.mutmut]), and the versions of Python, mutmut and torch."""
     selection = config.get("pytest_add_cli_args_test_selection", [])
-    named = {Path(arg).name for arg in selection if arg.endswith(".py")}
+    # a file named whole (tests/test_x.py) or by some of its tests (tests/test_x.py::test_y)
+    named = {Path(arg).name for arg in (a.split("::")[0] for a in selection)
+             if arg.endswith(".py")}
 
     def read(path: Path) -> bool:
         return str(path.relative_to(root)) not in NOT_READ and not (
