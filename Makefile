@@ -31,12 +31,16 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 # and a third worker fills those waits (docs/testing.md: the CPU busy 194 % of the run, and
 # 976 s of pytest where two workers took 1,058 s, on one 2-core Intel Xeon).
 TEST_WORKERS ?= 3
+# Through tools/cpu_seconds.py: pytest, and at the end the CPU-seconds of each module and of
+# the heaviest tests (their child processes included) and this host's speed (import torch),
+# since on 2 cores the suite's minutes are its CPU-seconds over the host's speed.
+PYTEST := $(BIN)/python tools/cpu_seconds.py -n $(TEST_WORKERS)
 
 test: setup  ## the whole test suite, the smoke runs of both orchestrators included
-	$(BIN)/python -m pytest -n $(TEST_WORKERS)
+	$(PYTEST)
 
 test-fast: setup  ## every test but the end-to-end runs of the orchestrators: the edit-test loop
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # Line coverage of src/nmt, the `nmt` commands that DVC and Snakemake run in the tests' copies
 # of the repository included (coverage's subprocess patch; pyproject.toml [tool.coverage]).

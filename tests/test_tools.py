@@ -954,3 +954,43 @@ def test_every_equivalent_mutant_is_a_line_of_the_code_with_a_reason():
         text = " ".join(line.strip() for line in ast.get_source_segment(
             (REPO / modules[module]).read_text(), function).splitlines())
         assert entry["before"] in text and entry["before"] != entry["after"], entry
+
+
+# ---- tools/cpu_seconds.py: make test's table of CPU-seconds ---------------------------------
+
+def test_make_tests_table_counts_each_tests_processes_on_every_worker(tmp_path):
+    """Two workers, each running a module: a test whose child process burns a CPU-second is
+    counted with its child's seconds (which --durations would give as wall seconds, whatever
+    else the machine ran), under its module; the total is every test's."""
+    burn = "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass"
+    (tmp_path / "test_busy.py").write_text(
+        "import subprocess, sys\n\n\ndef test_child_burns():\n"
+        f"    subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n")
+    (tmp_path / "test_idle.py").write_text("def test_nothing():\n    pass\n")
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "cpu_seconds.py"), "-n", "2",
+                           "-p", "no:cacheprovider", "--host-repeats", "0", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:]
+    lines = done.stdout.splitlines()
+    total = next(line for line in lines if line.startswith("CPU-seconds in the tests"))
+    assert total.endswith("over 2 tests"), total
+    busy = [float(line.split()[0]) for line in lines
+            if line.endswith("test_busy.py") or line.endswith("test_busy.py::test_child_burns")]
+    assert len(busy) == 2 and all(1.0 <= spent < 5 for spent in busy), lines
+    assert not [line for line in lines if line.startswith("this host")]  # --host-repeats 0
+
+
+def test_make_tests_table_ends_with_the_host():
+    spec = importlib.util.spec_from_file_location("cpu_seconds", REPO / "tools/cpu_seconds.py")
+    cpu_seconds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpu_seconds)
+
+    lines = cpu_seconds.table({"tests/test_a.py::t1": 3.0, "tests/test_a.py::t2": 1.0,
+                               "tests/test_b.py::t": 4.0}, 2.345, 3, "Some CPU, amx_bf16")
+    assert lines[0].endswith(": 8 over 3 tests") and lines[1] == "by module:"
+    assert lines[2:4] == ["      4.0  50.0 %  tests/test_a.py",
+                          "      4.0  50.0 %  tests/test_b.py"]
+    assert lines[-1] == ("this host: import torch takes 2.35 CPU-seconds (median of 3); "
+                         "Some CPU, amx_bf16")
+    no_host = cpu_seconds.table({"tests/test_a.py::t": 1.0}, None, 0, "x")
+    assert no_host[-1] == "      1.0  tests/test_a.py::t"
