@@ -213,11 +213,20 @@ def test_pad_multiple_is_auto_or_a_multiple(params_file, multiple):
 
 
 def test_recipe_overrides_merge_over_the_defaults(params_file):
-    edit_params(params_file, recipes={"published": {}, "small": {"model": {"d_model": 64}}})
+    """A recipe's keys replace those they name, at any depth, and no others: a recipe built on
+    wmt14 that names only its dataset's splits keeps wmt14's dataset path and name."""
+    wmt14 = load_params(params_file)["recipes"]["wmt14"]
+    splits = {"train": "train[:1000]", "val": "validation", "newstest2014": "test"}
+    edit_params(params_file, recipes={"published": {}, "small": {"model": {"d_model": 64}},
+                                      "wmt14": wmt14, "wmt14_small": {
+                                          "ablation_of": "wmt14", "removes": "data",
+                                          "data": {"huggingface": {"splits": splits}}}})
     params = load_params(params_file)
     small = resolve(params, "small")
     assert small["model"]["d_model"] == 64 and small["model"]["nhead"] == 8
     assert resolve(params, "published")["model"]["d_model"] == 512
+    assert resolve(params, "wmt14_small")["data"]["huggingface"] == {
+        **wmt14["data"]["huggingface"], "splits": splits}
     with pytest.raises(NmtError, match="unknown recipe 'large'"):
         resolve(params, "large")
 

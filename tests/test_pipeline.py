@@ -6,6 +6,7 @@ conftest.py); a second run must do nothing, and both must give the same numbers.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import hashlib
 import json
@@ -14,7 +15,9 @@ import shutil
 
 import pytest
 import yaml
+from sacrebleu.metrics import BLEU, CHRF
 
+from nmt.core.runs import Run
 from test_orchestrators import TRAINED, digests, error_lines
 from tiny import check_report, run
 
@@ -74,6 +77,41 @@ def test_every_run_is_scored_against_the_raw_test_set_lines(dvc_run, mirror):
     for path in evaluations:
         testsets = json.loads(path.read_text())["testsets"]
         assert {t: testsets[t]["references"] for t in expected} == expected, path
+
+
+def test_every_score_is_sacrebleus_of_the_written_translations(dvc_run, mirror):
+    """Each run's BLEU and chrF, beam and greedy, in metrics.json and in the report's
+    results.csv, are sacreBLEU's defaults (13a, cased; chrF of characters alone) of the
+    translations the run wrote against the raw test-set lines, recomputed here from the files:
+    a score taken with other settings, of other lines or of the other decoding differs from
+    them. The tiny models are all but untrained (BLEU 0-0.1), so the test also checks that
+    their translations tell the settings apart: lowercased BLEU differs from cased on some of
+    them, chrF++ from chrF on every one (were it not so, the equalities would prove less)."""
+    params = yaml.safe_load((dvc_run / "params.yaml").read_text())
+    references = {testset: gzip.decompress((mirror / f"{testset}.en.gz").read_bytes()).decode()
+                  .split("\n")[:params["data"]["max_test_pairs"]]
+                  for testset in params["evaluate"]["testsets"]}
+    with open(dvc_run / "reports" / "results.csv") as f:
+        table = {(r["recipe"], r["model"], int(r["seed"]), r["testset"]): r
+                 for r in csv.DictReader(f)}
+    scored, told_apart = [], {"lowercased BLEU": [], "chrF++": []}
+    for path in sorted((dvc_run / "results").glob("*/metrics.json")):
+        run_, metrics = Run.parse(path.parent.name), json.loads(path.read_text())
+        for testset, lines in references.items():
+            row = table[(run_.recipe, run_.model, run_.seed, testset)]
+            for method, suffix in (("beam", ""), ("greedy", "_greedy")):
+                written = (path.parent / "translations" / f"{testset}.{method}.txt").read_text()
+                hypotheses = written.splitlines()
+                for name, metric, other, label in (
+                        ("bleu", BLEU(), BLEU(lowercase=True), "lowercased BLEU"),
+                        ("chrf", CHRF(), CHRF(word_order=2), "chrF++")):
+                    want = metric.corpus_score(hypotheses, [lines]).score
+                    assert metrics[testset][name + suffix] == want, (path, testset, name, method)
+                    assert float(row[name + suffix]) == pytest.approx(want, abs=5e-5)  # 4 places
+                    scored.append(want)
+                    told_apart[label].append(other.corpus_score(hypotheses, [lines]).score != want)
+    assert len(scored) == 6 * len(references) * 2 * 2  # runs, test sets, decodings, metrics
+    assert any(told_apart["lowercased BLEU"]) and all(told_apart["chrF++"]), told_apart
 
 
 def test_the_orchestrators_own_reports(dvc_run, snakemake_run, tmp_path):
