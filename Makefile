@@ -31,9 +31,9 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 # and a third worker fills those waits (docs/testing.md: the CPU busy 194 % of the run, and
 # 976 s of pytest where two workers took 1,058 s, on one 2-core Intel Xeon).
 TEST_WORKERS ?= 3
-# Through tools/cpu_seconds.py: pytest, and at the end the CPU-seconds of each module and of
-# the heaviest tests (their child processes included) and this host's speed (import torch),
-# since on 2 cores the suite's minutes are its CPU-seconds over the host's speed.
+# Through tools/cpu_seconds.py: pytest, then the CPU-seconds of each module and of the
+# heaviest tests (their child processes included) and this host's speed (import torch): on 2
+# cores the suite is bound by CPU, and the same tests take more CPU-seconds on a slower host.
 PYTEST := $(BIN)/python tools/cpu_seconds.py -n $(TEST_WORKERS)
 
 test: setup  ## the whole test suite, the smoke runs of both orchestrators included

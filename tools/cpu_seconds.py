@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -52,7 +53,7 @@ def torch_import_seconds(repeats: int) -> float:
 def cpu_name() -> str:
     """The CPU's model name and the bf16 instructions it has (they change torch's speed)."""
     try:
-        info = open("/proc/cpuinfo").read()
+        info = Path("/proc/cpuinfo").read_text()
     except OSError:
         return "unknown CPU"
     name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
