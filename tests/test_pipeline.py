@@ -61,6 +61,11 @@ def test_both_orchestrators_give_the_same_numbers(dvc_run, snakemake_run):
             assert path.read_text() == twin.read_text(), path
 
 
+def raw_lines(mirror, testset: str, cut: int) -> list[bytes]:
+    """The first `cut` lines of the mirror's <testset>.en.gz, as written (no newlines)."""
+    return gzip.decompress((mirror / f"{testset}.en.gz").read_bytes()).split(b"\n")[:cut]
+
+
 def test_every_run_is_scored_against_the_raw_test_set_lines(dvc_run, mirror):
     """What each evaluation scored against (evaluation.json: lines and sha256) is the first
     data.max_test_pairs lines of the mirror's <testset>.en.gz, byte for byte, after download
@@ -69,7 +74,7 @@ def test_every_run_is_scored_against_the_raw_test_set_lines(dvc_run, mirror):
     cut = params["data"]["max_test_pairs"]
     expected = {}
     for testset in params["evaluate"]["testsets"]:
-        lines = gzip.decompress((mirror / f"{testset}.en.gz").read_bytes()).split(b"\n")[:cut]
+        lines = raw_lines(mirror, testset, cut)
         expected[testset] = {"lines": cut, "sha256": hashlib.sha256(
             b"".join(line + b"\n" for line in lines)).hexdigest()}
     evaluations = list((dvc_run / "results").glob("*/evaluation.json"))
@@ -88,9 +93,9 @@ def test_every_score_is_sacrebleus_of_the_written_translations(dvc_run, mirror):
     their translations tell the settings apart: lowercased BLEU differs from cased on some of
     them, chrF++ from chrF on every one (were it not so, the equalities would prove less)."""
     params = yaml.safe_load((dvc_run / "params.yaml").read_text())
-    references = {testset: gzip.decompress((mirror / f"{testset}.en.gz").read_bytes()).decode()
-                  .split("\n")[:params["data"]["max_test_pairs"]]
-                  for testset in params["evaluate"]["testsets"]}
+    references = {testset: [line.decode() for line in raw_lines(
+        mirror, testset, params["data"]["max_test_pairs"])]
+        for testset in params["evaluate"]["testsets"]}
     with open(dvc_run / "reports" / "results.csv") as f:
         table = {(r["recipe"], r["model"], int(r["seed"]), r["testset"]): r
                  for r in csv.DictReader(f)}
