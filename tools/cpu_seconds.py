@@ -10,7 +10,8 @@ beside a test on the other workers), say where its minutes go and what a cut wou
 The same suite takes up to 1.6 times the CPU-seconds on one host from one day to the next
 (docs/testing.md), so the table ends with this host's speed: the CPU-seconds of `import torch`
 in a new process (median of 3), which most test processes pay before their work, measured
-after the tests, on a quiet machine.
+after the tests, on a quiet machine: the host at that moment (its speed moves within a run
+too, so the figure does not scale a run's minutes; docs/testing.md).
 
 Run as a script, it is pytest with one more plugin (this module, `-p cpu_seconds`): with
 pytest-xdist, each worker measures its tests and hands the figures to the controller, which
