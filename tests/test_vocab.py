@@ -7,6 +7,7 @@ import shutil
 from conftest import REPO
 from nmt.pipeline.params import load_params
 from nmt.stages import vocab
+from test_orchestrators import digests
 
 
 def test_the_vocabularies_are_learnt_from_the_train_split_alone(prepared, tmp_path):
@@ -24,8 +25,6 @@ def test_the_vocabularies_are_learnt_from_the_train_split_alone(prepared, tmp_pa
              "bpe": params | {"vocab": {**params["vocab"], "kind": "bpe", "bpe_size": 1000}}}
     for kind, settings in kinds.items():
         vocab.build(settings, vocab.Paths(train_only, tmp_path / kind))
-        assert files_of(tmp_path / kind) == files_of(prepared[kind]), kind
-
-
-def files_of(folder) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+        built, prepared_files = (sorted(p.name for p in folder.iterdir())
+                                 for folder in (tmp_path / kind, prepared[kind]))
+        assert digests(tmp_path / kind, built) == digests(prepared[kind], prepared_files), kind
