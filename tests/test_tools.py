@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import time
 from pathlib import Path
@@ -961,23 +962,34 @@ def test_every_equivalent_mutant_is_a_line_of_the_code_with_a_reason():
 def test_make_tests_table_counts_each_tests_processes_on_every_worker(tmp_path):
     """Two workers, each running a module: a test whose child process burns a CPU-second is
     counted with its child's seconds (which --durations would give as wall seconds, whatever
-    else the machine ran), under its module; the total is every test's."""
+    else the machine ran), under its module; the total is every test's. The census counts
+    the Python processes started (two workers, two children), the one that imported torch,
+    and leaves neither its .pth file in the environment nor its own file."""
     burn = "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass"
     (tmp_path / "test_busy.py").write_text(
         "import subprocess, sys\n\n\ndef test_child_burns():\n"
-        f"    subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n")
+        f"    subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n\n\n"
+        "def test_child_imports_torch():\n"
+        "    subprocess.run([sys.executable, '-c', 'import torch'], check=True)\n")
     (tmp_path / "test_idle.py").write_text("def test_nothing():\n    pass\n")
+    site = Path(sysconfig.get_paths()["purelib"])
+    before, temp = set(site.glob("*.pth")), tmp_path / "temp"
+    temp.mkdir()
     done = subprocess.run([sys.executable, str(REPO / "tools" / "cpu_seconds.py"), "-n", "2",
                            "-p", "no:cacheprovider", "--host-repeats", "0", str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stdout[-3000:]
     lines = done.stdout.splitlines()
     total = next(line for line in lines if line.startswith("CPU-seconds in the tests"))
-    assert total.endswith("over 2 tests"), total
-    busy = [float(line.split()[0]) for line in lines
-            if line.endswith("test_busy.py") or line.endswith("test_busy.py::test_child_burns")]
-    assert len(busy) == 2 and all(1.0 <= spent < 5 for spent in busy), lines
+    assert total.endswith("over 3 tests"), total
+    busy = [float(line.split()[0]) for line in lines if line.endswith("::test_child_burns")]
+    assert len(busy) == 1 and 1.0 <= busy[0] < 5, lines
+    census = next(line for line in lines if line.startswith("Python processes"))
+    assert census.startswith("Python processes the run started: 4; 1 imported torch"), census
     assert not [line for line in lines if line.startswith("this host")]  # --host-repeats 0
+    assert set(site.glob("*.pth")) == before
+    assert not list(temp.glob("make-test-processes-*"))
 
 
 def test_make_tests_table_ends_with_the_host():
@@ -985,12 +997,15 @@ def test_make_tests_table_ends_with_the_host():
     cpu_seconds = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cpu_seconds)
 
+    census = cpu_seconds.Census(processes=1200, torch_imports=[2.0, 3.0, 9.5])
     lines = cpu_seconds.table({"tests/test_a.py::t1": 3.0, "tests/test_a.py::t2": 1.0,
-                               "tests/test_b.py::t": 4.0}, 2.345, 3, "Some CPU, amx_bf16")
+                               "tests/test_b.py::t": 4.0}, census, 2.345, 3, "Some CPU, amx_bf16")
     assert lines[0].endswith(": 8 over 3 tests") and lines[1] == "by module:"
     assert lines[2:4] == ["      4.0  50.0 %  tests/test_a.py",
                           "      4.0  50.0 %  tests/test_b.py"]
-    assert lines[-1] == ("this host: import torch takes 2.35 CPU-seconds (median of 3); "
-                         "Some CPU, amx_bf16")
-    no_host = cpu_seconds.table({"tests/test_a.py::t": 1.0}, None, 0, "x")
+    assert lines[-2] == ("Python processes the run started: 1,200; 3 imported torch, in 14 "
+                         "CPU-seconds (median 3.00 each)")
+    assert lines[-1] == ("this host: import torch takes 2.35 CPU-seconds after the tests "
+                         "(median of 3); Some CPU, amx_bf16")
+    no_host = cpu_seconds.table({"tests/test_a.py::t": 1.0}, None, None, 0, "x")
     assert no_host[-1] == "      1.0  tests/test_a.py::t"

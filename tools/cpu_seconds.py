@@ -11,27 +11,75 @@ The same suite takes up to 1.6 times the CPU-seconds on one host from one day to
 (docs/testing.md), so the table ends with this host's speed: the CPU-seconds of `import torch`
 in a new process (median of 3), which most test processes pay before their work, measured
 after the tests, on a quiet machine: the host at that moment (its speed moves within a run
-too, so the figure does not scale a run's minutes; docs/testing.md).
+too, so the figure does not scale a run's minutes; docs/testing.md). Before it, a census of
+the Python processes the run started: how many, how many imported torch, and what their
+imports of torch cost, measured in those processes while the tests ran (tools/process_hook.py,
+which a .pth file in the checkout's virtual environment runs in each, for the run's length):
+most of the suite's CPU goes to starting processes (the stages DVC and Snakemake run, one
+process a job), and on this 2-core Xeon torch's import moved from 1.5 to 10 CPU-seconds
+between runs (docs/testing.md).
 
 Run as a script, it is pytest with one more plugin (this module, `-p cpu_seconds`): with
 pytest-xdist, each worker measures its tests and hands the figures to the controller, which
-prints them. No file is written.
+prints them. Nothing is left behind: the .pth file and the census's file are removed after
+the run (the census is skipped where the Python running pytest is not the checkout's own).
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import subprocess
 import sys
+import sysconfig
+import tempfile
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 MODULES = 12  # the heaviest modules the table names
 TESTS = 10  # and the heaviest tests
 KEY = "cpu_seconds"  # in a worker's workeroutput
+ROOT = Path(__file__).resolve().parent.parent
+ENV = "MAKE_TEST_PROCESSES"  # the census's file, for tools/process_hook.py
+HOOK = Path(__file__).resolve().with_name("process_hook.py")
+
+
+class Census(NamedTuple):
+    """The Python processes a run started, and what `import torch` took in those that did."""
+    processes: int
+    torch_imports: list[float]  # CPU-seconds, one a process that imported torch
+
+
+def start_census() -> Path | None:
+    """The .pth file that runs tools/process_hook.py in each new Python process of this
+    environment while $MAKE_TEST_PROCESSES names a file (set here, for the workers and every
+    process they start); None where the environment is not the checkout's (nothing outside
+    the checkout is written)."""
+    site = Path(sysconfig.get_paths()["purelib"]).resolve()
+    if not site.is_relative_to(ROOT):
+        return None
+    fd, census = tempfile.mkstemp(prefix="make-test-processes-", suffix=".tsv")
+    os.close(fd)
+    os.environ[ENV] = census
+    pth = site / f"_make_test_processes_{os.getpid()}.pth"
+    hook = f"__import__('pathlib').Path({str(HOOK)!r}).read_text()"
+    pth.write_text(f"import os; os.environ.get({ENV!r}) and exec(compile({hook}, "
+                   f"{str(HOOK)!r}, 'exec'), {{'__name__': 'process_hook'}})\n")
+    return pth
+
+
+def end_census(pth: Path) -> Census:
+    """The census's lines, read; the .pth file and the census's file removed."""
+    pth.unlink(missing_ok=True)
+    census = Path(os.environ.pop(ENV))
+    lines = [line.split("\t") for line in census.read_text().splitlines()]
+    census.unlink()
+    return Census(processes=sum(fields[0] == "start" for fields in lines),
+                  torch_imports=[float(fields[2]) for fields in lines if fields[0] == "torch"])
 
 
 def cpu_seconds() -> float:
@@ -72,6 +120,8 @@ class Measure:
     def __init__(self, config):
         self.config = config
         self.seconds: dict[str, float] = {}
+        controller = not hasattr(config, "workerinput")
+        self.pth = start_census() if controller and config.getoption("census") else None
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
@@ -88,17 +138,24 @@ class Measure:
         self.seconds.update(getattr(node, "workeroutput", {}).get(KEY, {}))
 
     def pytest_terminal_summary(self, terminalreporter):
+        census = end_census(self.pth) if self.pth else None  # before the host's imports
+        self.pth = None
         if hasattr(self.config, "workerinput") or not self.seconds:
             return
         repeats = self.config.getoption("host_repeats")
         host = torch_import_seconds(repeats) if repeats else None
-        for line in table(self.seconds, host, repeats, cpu_name()):
+        for line in table(self.seconds, census, host, repeats, cpu_name()):
             terminalreporter.write_line(line)
 
+    def pytest_unconfigure(self, config):
+        if self.pth:  # a run stopped before its summary
+            end_census(self.pth)
 
-def table(seconds: dict[str, float], torch_import: float | None, repeats: int,
-          cpu: str) -> list[str]:
-    """The lines make test ends with: the total, the heaviest modules and tests, the host."""
+
+def table(seconds: dict[str, float], census: Census | None, torch_import: float | None,
+          repeats: int, cpu: str) -> list[str]:
+    """The lines make test ends with: the total, the heaviest modules and tests, the census of
+    processes, the host."""
     modules: dict[str, float] = defaultdict(float)
     for nodeid, spent in seconds.items():
         modules[nodeid.split("::", 1)[0]] += spent
@@ -110,15 +167,22 @@ def table(seconds: dict[str, float], torch_import: float | None, repeats: int,
     lines.append("by test:")
     for nodeid, spent in sorted(seconds.items(), key=lambda kv: -kv[1])[:TESTS]:
         lines.append(f"  {spent:7.1f}  {nodeid}")
+    if census is not None:
+        imports = census.torch_imports
+        lines.append(f"Python processes the run started: {census.processes:,}; "
+                     f"{len(imports):,} imported torch, in {sum(imports):,.0f} CPU-seconds"
+                     + (f" (median {statistics.median(imports):.2f} each)" if imports else ""))
     if torch_import is not None:
-        lines.append(f"this host: import torch takes {torch_import:.2f} CPU-seconds (median of "
-                     f"{repeats}); {cpu}")
+        lines.append(f"this host: import torch takes {torch_import:.2f} CPU-seconds after the "
+                     f"tests (median of {repeats}); {cpu}")
     return lines
 
 
 def pytest_addoption(parser):
     parser.addoption("--host-repeats", type=int, default=3,
                      help="imports of torch that time this host after the tests (0: none)")
+    parser.addoption("--no-census", dest="census", action="store_false",
+                     help="no census of the Python processes the run starts")
 
 
 def pytest_configure(config):
