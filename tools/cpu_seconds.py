@@ -7,17 +7,16 @@ A test's CPU-seconds are its process's and those of the processes it started and
 (`nmt` stages, `dvc repro`, `snakemake`, trainings): on 2 cores, make test is bound by CPU, not
 by waiting, so these, not the wall seconds of `--durations` (which grow with whatever runs
 beside a test on the other workers), say where its minutes go and what a cut would save.
-The same suite takes up to 1.6 times the CPU-seconds on one host from one day to the next
+The same suite took twice the CPU-seconds on one host from one hour to the next
 (docs/testing.md), so the table ends with this host's speed: the CPU-seconds of `import torch`
 in a new process (median of 3), which most test processes pay before their work, measured
 after the tests, on a quiet machine: the host at that moment (its speed moves within a run
 too, so the figure does not scale a run's minutes; docs/testing.md). Before it, a census of
-the Python processes the run started: how many, how many imported torch, and what their
-imports of torch cost, measured in those processes while the tests ran (tools/process_hook.py,
-which a .pth file in the checkout's virtual environment runs in each, for the run's length):
-most of the suite's CPU goes to starting processes (the stages DVC and Snakemake run, one
-process a job), and on this 2-core Xeon torch's import moved from 1.5 to 10 CPU-seconds
-between runs (docs/testing.md).
+the Python processes the run started: how many, how many imported torch, and what those
+imports cost, measured inside the processes while the tests ran (tools/process_hook.py, which
+a .pth file in the checkout's virtual environment runs in each, for the run's length). In a
+26.7-minute run on a 2-core Xeon: 504 processes, 203 imports of torch in 466 CPU-seconds
+(median 2.15), where the one sample after the tests took 9.77 (docs/testing.md).
 
 Run as a script, it is pytest with one more plugin (this module, `-p cpu_seconds`): with
 pytest-xdist, each worker measures its tests and hands the figures to the controller, which
