@@ -987,7 +987,9 @@ def test_make_tests_table_counts_each_tests_processes_on_every_worker(tmp_path):
     assert len(busy) == 1 and 1.0 <= busy[0] < 5, lines
     census = next(line for line in lines if line.startswith("Python processes"))
     assert census.startswith("Python processes the run started: 4; 1 imported torch"), census
-    assert not [line for line in lines if line.startswith("this host")]  # --host-repeats 0
+    assert not [line for line in lines if line.startswith("this host after")]  # --host-repeats 0
+    during = next(line for line in lines if line.startswith("this host during the run"))
+    assert int(during.split("(")[1].split()[0]) >= 2, during  # a sample a module a worker
     assert set(site.glob("*.pth")) == before
     assert not list(temp.glob("make-test-processes-*"))
 
@@ -998,14 +1000,23 @@ def test_make_tests_table_ends_with_the_host():
     spec.loader.exec_module(cpu_seconds)
 
     census = cpu_seconds.Census(processes=1200, torch_imports=[2.0, 3.0, 9.5])
+    host = cpu_seconds.Host("Some CPU, amx_bf16", [(0.05, 0.3), (0.07, 0.1), (0.2, 0.2)],
+                            2.345, 3)
     lines = cpu_seconds.table({"tests/test_a.py::t1": 3.0, "tests/test_a.py::t2": 1.0,
-                               "tests/test_b.py::t": 4.0}, census, 2.345, 3, "Some CPU, amx_bf16")
+                               "tests/test_b.py::t": 4.0}, census, host)
     assert lines[0].endswith(": 8 over 3 tests") and lines[1] == "by module:"
     assert lines[2:4] == ["      4.0  50.0 %  tests/test_a.py",
                           "      4.0  50.0 %  tests/test_b.py"]
-    assert lines[-2] == ("Python processes the run started: 1,200; 3 imported torch, in 14 "
-                         "CPU-seconds (median 3.00 each)")
-    assert lines[-1] == ("this host: import torch takes 2.35 CPU-seconds after the tests "
-                         "(median of 3); Some CPU, amx_bf16")
-    no_host = cpu_seconds.table({"tests/test_a.py::t": 1.0}, None, None, 0, "x")
-    assert no_host[-1] == "      1.0  tests/test_a.py::t"
+    assert lines[-4:] == [
+        "Python processes the run started: 1,200; 3 imported torch, in 14 CPU-seconds "
+        "(median 3.00 each)",
+        "this host during the run (3 samples, median and range, CPU-seconds): a Python loop of "
+        "3,000,000 steps 0.07 (0.05-0.20), 64 MB of fresh memory written 0.20 (0.10-0.30)",
+        "this host after the run: import torch takes 2.35 CPU-seconds (median of 3)",
+        "this host: Some CPU, amx_bf16"]
+    no_host = cpu_seconds.table({"tests/test_a.py::t": 1.0}, None,
+                                cpu_seconds.Host("x", [], None, 0))
+    assert no_host[-2:] == ["      1.0  tests/test_a.py::t", "this host: x"]
+
+    loop, write = cpu_seconds.probe()  # real figures: each costs something, neither minutes
+    assert 0 < loop < 60 and 0 < write < 60

@@ -8,15 +8,14 @@ A test's CPU-seconds are its process's and those of the processes it started and
 by waiting, so these, not the wall seconds of `--durations` (which grow with whatever runs
 beside a test on the other workers), say where its minutes go and what a cut would save.
 The same suite took twice the CPU-seconds on one host from one hour to the next
-(docs/testing.md), so the table ends with this host's speed: the CPU-seconds of `import torch`
-in a new process (median of 3), which most test processes pay before their work, measured
-after the tests, on a quiet machine: the host at that moment (its speed moves within a run
-too, so the figure does not scale a run's minutes; docs/testing.md). Before it, a census of
-the Python processes the run started: how many, how many imported torch, and what those
-imports cost, measured inside the processes while the tests ran (tools/process_hook.py, which
-a .pth file in the checkout's virtual environment runs in each, for the run's length). In a
-26.7-minute run on a 2-core Xeon: 504 processes, 203 imports of torch in 466 CPU-seconds
-(median 2.15), where the one sample after the tests took 9.77 (docs/testing.md).
+(docs/testing.md), so the table ends with the host: a census of the Python processes the run
+started (how many, how many imported torch, and what those imports cost, timed inside them
+while the tests ran: tools/process_hook.py, which a .pth file in the checkout's virtual
+environment runs in each, for the run's length); the host's speed during the run (`probe`:
+a Python loop and writing fresh memory, on each worker before each module's first test);
+`import torch` in a new process after the run (median of 3; one moment's figure: in a
+26.7-minute run on a 2-core Xeon, 9.77 CPU-seconds after it, where the run's 203 imports took
+a median of 2.15); and the CPU's name.
 
 Run as a script, it is pytest with one more plugin (this module, `-p cpu_seconds`): with
 pytest-xdist, each worker measures its tests and hands the figures to the controller, which
@@ -42,9 +41,21 @@ import pytest
 MODULES = 12  # the heaviest modules the table names
 TESTS = 10  # and the heaviest tests
 KEY = "cpu_seconds"  # in a worker's workeroutput
+PROBES = "host_probes"  # and its samples of the host's speed
+LOOP_STEPS = 3_000_000  # the probe's Python loop (a tenth of a second)
+FRESH_MB = 64  # and the fresh memory it writes
 ROOT = Path(__file__).resolve().parent.parent
 ENV = "MAKE_TEST_PROCESSES"  # the census's file, for tools/process_hook.py
 HOOK = Path(__file__).resolve().with_name("process_hook.py")
+
+
+class Host(NamedTuple):
+    """This host: its CPU, its speed sampled during the run (probe, on each worker before each
+    module's first test), and `import torch` in a new process after the run."""
+    cpu: str
+    probes: list[tuple[float, float]]  # (loop, fresh memory) CPU-seconds, one a sample
+    torch_import: float | None  # median CPU-seconds of `repeats` imports; None: not measured
+    repeats: int
 
 
 class Census(NamedTuple):
@@ -88,6 +99,27 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def own_seconds() -> float:
+    """This process's CPU-seconds, user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def probe() -> tuple[float, float]:
+    """The host's speed now, in CPU-seconds: a Python loop of LOOP_STEPS steps, and writing
+    FRESH_MB of memory the process did not have (its page faults: what each new process and
+    each new tensor's memory pays)."""
+    start = own_seconds()
+    total = 0
+    for step in range(LOOP_STEPS):
+        total += step
+    loop = own_seconds() - start
+    start = own_seconds()
+    block = b"\1" * (FRESH_MB << 20)
+    del block
+    return loop, own_seconds() - start
+
+
 def torch_import_seconds(repeats: int) -> float:
     """The median CPU-seconds of `import torch` in a new Python process."""
     spent = []
@@ -119,11 +151,16 @@ class Measure:
     def __init__(self, config):
         self.config = config
         self.seconds: dict[str, float] = {}
+        self.probes: list[tuple[float, float]] = []
+        self.module = None  # the module of the last test this process ran
         controller = not hasattr(config, "workerinput")
         self.pth = start_census() if controller and config.getoption("census") else None
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
+        if item.nodeid.split("::")[0] != self.module:  # outside the test's own seconds
+            self.module = item.nodeid.split("::")[0]
+            self.probes.append(probe())
         start = cpu_seconds()
         yield
         self.seconds[item.nodeid] = cpu_seconds() - start
@@ -131,10 +168,13 @@ class Measure:
     def pytest_sessionfinish(self, session):
         if hasattr(self.config, "workeroutput"):  # a worker: the figures go to the controller
             self.config.workeroutput[KEY] = self.seconds
+            self.config.workeroutput[PROBES] = self.probes
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
-        self.seconds.update(getattr(node, "workeroutput", {}).get(KEY, {}))
+        output = getattr(node, "workeroutput", {})
+        self.seconds.update(output.get(KEY, {}))
+        self.probes.extend(tuple(sample) for sample in output.get(PROBES, []))
 
     def pytest_terminal_summary(self, terminalreporter):
         census = end_census(self.pth) if self.pth else None  # before the host's imports
@@ -142,8 +182,9 @@ class Measure:
         if hasattr(self.config, "workerinput") or not self.seconds:
             return
         repeats = self.config.getoption("host_repeats")
-        host = torch_import_seconds(repeats) if repeats else None
-        for line in table(self.seconds, census, host, repeats, cpu_name()):
+        host = Host(cpu_name(), self.probes, torch_import_seconds(repeats) if repeats else None,
+                    repeats)
+        for line in table(self.seconds, census, host):
             terminalreporter.write_line(line)
 
     def pytest_unconfigure(self, config):
@@ -151,8 +192,7 @@ class Measure:
             end_census(self.pth)
 
 
-def table(seconds: dict[str, float], census: Census | None, torch_import: float | None,
-          repeats: int, cpu: str) -> list[str]:
+def table(seconds: dict[str, float], census: Census | None, host: Host) -> list[str]:
     """The lines make test ends with: the total, the heaviest modules and tests, the census of
     processes, the host."""
     modules: dict[str, float] = defaultdict(float)
@@ -171,10 +211,21 @@ def table(seconds: dict[str, float], census: Census | None, torch_import: float 
         lines.append(f"Python processes the run started: {census.processes:,}; "
                      f"{len(imports):,} imported torch, in {sum(imports):,.0f} CPU-seconds"
                      + (f" (median {statistics.median(imports):.2f} each)" if imports else ""))
-    if torch_import is not None:
-        lines.append(f"this host: import torch takes {torch_import:.2f} CPU-seconds after the "
-                     f"tests (median of {repeats}); {cpu}")
+    if host.probes:
+        loops, writes = [loop for loop, _ in host.probes], [write for _, write in host.probes]
+        lines.append(f"this host during the run ({len(host.probes)} samples, median and range, "
+                     f"CPU-seconds): a Python loop of {LOOP_STEPS:,} steps {spread(loops)}, "
+                     f"{FRESH_MB} MB of fresh memory written {spread(writes)}")
+    if host.torch_import is not None:
+        lines.append(f"this host after the run: import torch takes {host.torch_import:.2f} "
+                     f"CPU-seconds (median of {host.repeats})")
+    lines.append(f"this host: {host.cpu}")
     return lines
+
+
+def spread(values) -> str:
+    """A median and the range of `values`: "0.12 (0.10-0.30)"."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def pytest_addoption(parser):
