@@ -32,8 +32,9 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 # 976 s of pytest where two workers took 1,058 s, on one 2-core Intel Xeon).
 TEST_WORKERS ?= 3
 # Through tools/cpu_seconds.py: pytest, then the CPU-seconds of each module and of the
-# heaviest tests (their child processes included) and this host's speed (import torch): on 2
-# cores the suite is bound by CPU, and the same tests take more CPU-seconds on a slower host.
+# heaviest tests (their child processes included), the Python processes the run started and
+# their imports of torch, and this host's speed during and after the run: on 2 cores the suite
+# is bound by CPU, and the same tests took twice the CPU-seconds on one host hours apart.
 PYTEST := $(BIN)/python tools/cpu_seconds.py -n $(TEST_WORKERS)
 
 test: setup  ## the whole test suite, the smoke runs of both orchestrators included

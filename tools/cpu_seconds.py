@@ -92,17 +92,15 @@ def end_census(pth: Path) -> Census:
                   torch_imports=[float(fields[2]) for fields in lines if fields[0] == "torch"])
 
 
+def own_seconds(who: int = resource.RUSAGE_SELF) -> float:
+    """This process's CPU-seconds, user and system (RUSAGE_CHILDREN: its children's waited for)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 def cpu_seconds() -> float:
     """This process's CPU-seconds, user and system, and those of its children waited for."""
-    own, children = (resource.getrusage(who)
-                     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def own_seconds() -> float:
-    """This process's CPU-seconds, user and system."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    return own_seconds() + own_seconds(resource.RUSAGE_CHILDREN)
 
 
 def probe() -> tuple[float, float]:
@@ -158,8 +156,9 @@ class Measure:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        if item.nodeid.split("::")[0] != self.module:  # outside the test's own seconds
-            self.module = item.nodeid.split("::")[0]
+        module = item.nodeid.split("::")[0]
+        if module != self.module:  # a probe before its first test, outside the test's seconds
+            self.module = module
             self.probes.append(probe())
         start = cpu_seconds()
         yield
