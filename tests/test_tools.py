@@ -291,7 +291,8 @@ def test_plan_narrows_to_the_recipes_trained_whole(tiny, tmp_path):
     runs = 1.15 * (30 + 30 + 40)  # seconds, validation's share included
     out = tool("gpu/plan.py", "--params", params, "--data", data, "--ms", 1000, "--minutes",
                (gpu_plan.AFTER_TRAINING + runs + 10) / 60, "--targets", tmp_path / "targets.txt",
-               "--stages", tmp_path / "stages.txt", "--narrowed", tmp_path / "narrowed.yaml")
+               "--stages", tmp_path / "stages.txt", "--narrowed", tmp_path / "narrowed.yaml",
+               "--results", tmp_path / "results")
     marks = re.findall(r"^  (yes|no ) (\S+) +(\d+) updates", out, re.M)
     assert marks == [("yes", "published-baseline-s0", "30"), ("yes", "published-scratch-s0", "30"),
                      ("yes", "demo-baseline-s0", "40"), ("no ", "demo-scratch-s0", "40")], out
@@ -441,7 +442,8 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
     concurrency of 2 tiny trainings measured and planned with, the published scratch run
     trained, evaluated, benched and reported by Snakemake, recorded by `dvc commit`, packed.
     One run: the plan's choice among several is tested above (test_plan_*); a second run here
-    only added a training and an evaluation."""
+    only added a training and an evaluation. A second call on the same machine trains nothing
+    again: the first H200 study session's second call retrained the runs its first finished."""
     from tiny import scratch_copy
 
     copy = scratch_copy(tmp_path / "copy")
@@ -507,6 +509,20 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
     # pipeline.models is scratch alone here: bench times it and nothing else, without a ratio
     assert bench["device"] == "cpu" and bench["train"]["scratch"] > 0 < bench["beam"]["scratch"]
     assert set(bench["train"]) == {"scratch"} and bench["ratio_spread"] == {}
+
+    # A second call on the same machine: the carried inputs are not touched again, the plan
+    # counts the finished run done, and Snakemake trains and evaluates nothing.
+    trained = (copy / runs[0].files().summary).read_bytes()  # its seconds: another run's differ
+    again = subprocess.run(["bash", "tools/gpu/run.sh", "3"], cwd=copy, capture_output=True,
+                           text=True, timeout=600,
+                           env={**env, "OUT": str(tmp_path / "again"), "KIT": str(kit),
+                                "CHECKS": "", "CHECK_DIR": str(tmp_path / "checks")})
+    log = (tmp_path / "again" / "log").read_text()
+    assert again.returncode == 0, log[-4000:]
+    assert "not touched again" in log and "--touch" not in log, log
+    assert re.search(r"^  done published-scratch-s0 ", log, re.M), log
+    assert "rule train:" not in log and "rule evaluate:" not in log, log
+    assert (copy / runs[0].files().summary).read_bytes() == trained
 
     # Killed by SIGKILL (no trap of its own can run) while a check runs, the kit leaves no
     # process behind: its watcher stops them (a killed kit left check_graphs.py running;

@@ -2,7 +2,7 @@
 
     python3 tools/gpu/plan.py --minutes 6.5 [--check $OUT/check_graphs.json] [--extra RUN ...]
         [--concurrency concurrency.json] [--profile workflow/profiles/gpu/config.yaml]
-        [--targets FILE] [--params params.yaml] [--data data]
+        [--targets FILE] [--params params.yaml] [--data data] [--results results]
 
 The runs' optimizer updates come from the data (each recipe's batches of epoch 1 times its
 epochs, or train.max_updates); a run's seconds are its updates times the milliseconds an update
@@ -17,6 +17,11 @@ max(sum(s_i) / S(min(k, units)), max(s_i)): the GPU's work done at the aggregate
 run faster than alone. It is rough: when runs differ in length, fewer than N run near the end.
 Without a measurement S(N) = 1 for every N: the trainings take turns on the GPU and their
 seconds add up (the H100 and H200 runs so far: four at once ~20 s an epoch each, one alone ~5 s).
+
+A run whose metrics.json results/ holds is done (an earlier call on this machine finished it):
+it costs no seconds and stays among the targets (Snakemake finds it up to date). On the first
+H200 study session the plan counted the finished published pair again, and a second call of
+4.1 minutes had room for one new run.
 
 Runs are taken in priority order: the published recipe's baseline and scratch first (the
 comparison this project exists for), then the rest of that recipe's runs, then the --extra runs
@@ -215,6 +220,8 @@ def main() -> int:
                         help="write params.yaml cut to the recipes whose runs are all planned")
     parser.add_argument("--data", type=Path, default=REPO / "data")
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
+    parser.add_argument("--results", type=Path, default=REPO / "results",
+                        help="where finished runs are (their metrics.json): they cost nothing")
     args = parser.parse_args()
     jobs = profile_jobs(args.profile)
     try:
@@ -228,7 +235,8 @@ def main() -> int:
     ms, source = ms_per_update(args.check, args.ms)
     recipes = {run.recipe for run in order}
     updates = {recipe: updates_of(params, recipe, args.data) for recipe in recipes}
-    candidates = [Planned(run, updates[run.recipe],
+    done = {run for run in order if run.files(args.results).metrics.exists()}
+    candidates = [Planned(run, updates[run.recipe], 0.0 if run in done else
                           updates[run.recipe] * ms / 1000 * (1 + VALIDATION_SHARE))
                   for run in order]
     budget = 60 * args.minutes - AFTER_TRAINING
@@ -238,7 +246,7 @@ def main() -> int:
     print(f"plan: concurrency {concurrency.source}; up to {jobs} trainings at once "
           f"({args.profile.name} of {args.profile.parent.name})")
     for candidate in candidates:
-        mark = "yes" if candidate in chosen else "no "
+        mark = "done" if candidate.run in done else "yes" if candidate in chosen else "no "
         print(f"  {mark} {candidate.run.name:32} {candidate.updates:7,} updates "
               f"~{candidate.seconds:6.0f} s alone")
     whole = all(run in [c.run for c in chosen] for run in pipeline_runs)

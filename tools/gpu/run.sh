@@ -29,7 +29,9 @@
 #   5. Snakemake (workflow/profiles/gpu) trains and evaluates the planned runs at once, then
 #      the bench and the report if every run of the pipeline is in the plan. At the deadline it
 #      is interrupted: each training stops after its current step and keeps its resume state,
-#      so the same command again (on the same machine) goes on where it stopped.
+#      so the same command again (on the same machine) goes on where it stopped; runs the
+#      first call finished stay up to date (the carried inputs are touched once a machine) and
+#      the plan counts them done.
 # Every call packs the small results (no checkpoints) into $OUT/results.tgz and its output
 # into $OUT/log; when the whole pipeline is done, `dvc commit` records it in dvc.lock.
 # CHECKS (default "preflight graphs") names the checks to run: "preflight" (1), "graphs" (2),
@@ -113,9 +115,22 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 # The data stages and verify ran where spaCy and the network are: mark their carried outputs
-# up to date (file times do not survive the trip), so Snakemake starts at the trainings.
-vocabs=(data/vocab/*/)
-snakemake --workflow-profile workflow/profiles/gpu --touch "${vocabs[@]%/}" results/verify/*.json
+# up to date (file times do not survive the trip), so Snakemake starts at the trainings. Once
+# for what was carried: touched again on a second call to this machine, they are newer than
+# the runs the first call finished, and Snakemake trains those again (it did, in the first
+# study session: reports/h200-study/). Other carried files (a new bundle) are touched again.
+carried=$(find data/tokenized data/vocab results/verify params -type f \
+          ! -name .snakemake_timestamp -exec sha256sum {} + | sort -k 2)  # (--touch writes those)
+if [ "$(cat "$KIT/carried.sha256" 2>/dev/null)" != "$carried" ]; then
+    [ -f "$KIT/carried.sha256" ] && diff <(echo "$carried") "$KIT/carried.sha256" | sed -n \
+        's/^< [0-9a-f]*  /carried anew since the last call: /p' || true
+    vocabs=(data/vocab/*/)
+    snakemake --workflow-profile workflow/profiles/gpu --touch "${vocabs[@]%/}" \
+        results/verify/*.json
+    echo "$carried" >"$KIT/carried.sha256"
+else
+    echo "the carried data and verify records are this machine's first call's: not touched again"
+fi
 
 mkdir -p "$CHECK_DIR"
 preflight() {  # tools/gpu/preflight.py, its JSON in $CHECK_DIR/$1 and $OUT
