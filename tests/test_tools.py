@@ -238,11 +238,11 @@ def test_plan_takes_the_published_pair_first_then_what_fits():
     other = [Run("tuned", m, 0) for m in ("baseline", "scratch")]
     extra = [Run("published", "scratch", 1)]
     order = gpu_plan.in_priority(other + published, extra)
-    assert order == [published[0], published[1], published[2], *extra, *other]
+    assert order == [published[0], published[1], *extra, published[2], *other]
     seconds = {"published": 100.0, "tuned": 30.0}
     candidates = [gpu_plan.Planned(run, 1, seconds[run.recipe]) for run in order]
     chosen = [c.run for c in gpu_plan.plan(candidates, 265)]
-    # the pair, then what still fits: not decoder_only or the extra seed (100 s), both tuned
+    # the pair, then what still fits: not the extra seed or decoder_only (100 s), both tuned
     assert chosen == [published[0], published[1], *other]
     # the published pair starts even when it does not fit (it resumes on the next call)
     assert [c.run for c in gpu_plan.plan(candidates, 50)] == published[:2]

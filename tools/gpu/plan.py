@@ -24,9 +24,9 @@ H200 study session the plan counted the finished published pair again, and a sec
 4.1 minutes had room for one new run.
 
 Runs are taken in priority order: the published recipe's baseline and scratch first (the
-comparison this project exists for), then the rest of that recipe's runs, then the --extra runs
-(a second seed, say), then the other recipes' runs of params.yaml's pipeline, each recipe's seed
-by seed; a run that does not fit is left out and the next is tried. Prints the plan as a table
+comparison this project exists for), then the --extra runs in the order given (a second seed,
+say, or a study's own order), then the rest of that recipe's runs, then the other recipes' runs
+of params.yaml's pipeline, each recipe's seed by seed; a run that does not fit is left out and the next is tried. Prints the plan as a table
 and one line saying whether the whole pipeline fits; --targets writes the Snakemake targets, one
 a line (each planned run's evaluation, the bench, and the report when every run of the pipeline
 is in). When only some runs are in, --narrowed writes params.yaml with pipeline.recipes and
@@ -159,15 +159,16 @@ def ms_per_update(check: Path | None, given: float = 0.0) -> tuple[float, str]:
 
 
 def in_priority(pipeline_runs: list[Run], extra: list[Run]) -> list[Run]:
-    """FIRST, the rest of its recipe's runs, extra (asked for by name: a second seed of the
-    comparison, say), then the other recipes' runs; within a recipe seed by seed (each seed's
-    models together), so that what fits is whole seeds of the comparison, not one model's
-    three seeds and its twin's one."""
+    """FIRST, extra in the order given (asked for by name: the study's own order, say, the
+    comparison's seeds before the decoder-only model's), the rest of FIRST's recipe's runs, then
+    the other recipes' runs; within a recipe seed by seed (each seed's models together), so
+    that what fits is whole seeds of the comparison, not one model's three seeds and its
+    twin's one."""
     seeds = list(dict.fromkeys(run.seed for run in pipeline_runs))
     by_seed = sorted(pipeline_runs, key=lambda run: seeds.index(run.seed))  # stable: models
     ordered = [run for run in FIRST if run in pipeline_runs]
-    ordered += [run for run in by_seed if run.recipe == FIRST[0].recipe]
     ordered += extra
+    ordered += [run for run in by_seed if run.recipe == FIRST[0].recipe]
     ordered += [run for recipe in dict.fromkeys(run.recipe for run in pipeline_runs)
                 for run in by_seed if run.recipe == recipe]
     return list(dict.fromkeys(ordered))  # each once, in that order

@@ -23,9 +23,9 @@
 #      (concurrency-nomps.json) and with it (concurrency-mps.json).
 #   4. tools/gpu/plan.py: which runs fit in the minutes left at that speed, run at once as the
 #      concurrency measurement of this MPS setting says (none measured: their seconds add
-#      up), the published baseline and scratch first, then the rest of params.yaml's
-#      pipeline, then EXTRA RUNS (e.g. published-baseline-s1 published-scratch-s1); it
-#      prints the plan.
+#      up), the published baseline and scratch first, then EXTRA RUNS in the order given
+#      (e.g. published-baseline-s1 published-scratch-s1), then the rest of params.yaml's
+#      pipeline; it prints the plan.
 #   5. Snakemake (workflow/profiles/gpu) trains and evaluates the planned runs at once, then
 #      the bench and the report if every run of the pipeline is in the plan. At the deadline it
 #      is interrupted: each training stops after its current step and keeps its resume state,
