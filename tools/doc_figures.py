@@ -55,7 +55,7 @@ def summary(root: Path, source: str) -> str:
     folder = root / source
     summaries, per_seed = rows(folder / "results_summary.csv"), rows(folder / "results.csv")
     testsets = in_order(r["testset"] for r in summaries)
-    lines = ["| test set | model | seeds | test loss | BLEU (beam 4) | BLEU greedy | chrF | "
+    lines = ["| test set | model | seeds | test loss | BLEU (beam) | BLEU greedy | chrF | "
              "train minutes |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(summaries, key=lambda r: testsets.index(r["testset"])):
         minutes = ", ".join(f"{float(s['train_minutes']):.1f}" for s in per_seed

@@ -26,17 +26,16 @@ H200 study session the plan counted the finished published pair again, and a sec
 Runs are taken in priority order: the published recipe's baseline and scratch first (the
 comparison this project exists for), then the --extra runs in the order given (a second seed,
 say, or a study's own order), then the rest of that recipe's runs, then the other recipes' runs
-of params.yaml's pipeline, each recipe's seed by seed; a run that does not fit is left out and the next is tried. Prints the plan as a table
-and one line saying whether the whole pipeline fits; --targets writes the Snakemake targets, one
-a line (each planned run's evaluation, the bench, and the report when every run of the pipeline
-is in). When only some runs are in, --narrowed writes params.yaml with pipeline.recipes and
-pipeline.seeds cut to the recipes and seeds trained whole (the report of what was trained: `nmt
---params FILE report`), and --stages the DVC stages of the planned runs (what `dvc commit`
-can record). tools/gpu/run.sh runs it (step 4, with step 3's concurrency JSON where it ran;
-docs/gpu.md): its plan chose the runs that reports/h200-published/ holds and narrowed that
-report to the published recipe.
-tests/test_tools.py checks its choices, and runs it on a tiny params file and data.
-"""
+of params.yaml's pipeline, each recipe's seed by seed; a run that does not fit is left out and
+the next is tried. Prints the plan as a table and one line saying whether the whole pipeline
+fits; --targets writes the Snakemake targets, one a line (each planned run's evaluation, the
+bench, and the report when every run of the pipeline is in). When only some runs are in,
+--narrowed writes params.yaml with pipeline.recipes and pipeline.seeds cut to the recipes and
+seeds trained whole (the report of what was trained: `nmt --params FILE report`), and --stages
+the DVC stages of the planned runs (what `dvc commit` can record). tools/gpu/run.sh runs it
+(step 4, with step 3's concurrency JSON where it ran; docs/gpu.md): its plan chose the runs that
+reports/h200-published/ holds and narrowed that report to the published recipe.
+tests/test_tools.py checks its choices, and runs it on a tiny params file and data. """
 
 from __future__ import annotations
 
