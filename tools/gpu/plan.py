@@ -35,7 +35,8 @@ seeds trained whole (the report of what was trained: `nmt --params FILE report`)
 the DVC stages of the planned runs (what `dvc commit` can record). tools/gpu/run.sh runs it
 (step 4, with step 3's concurrency JSON where it ran; docs/gpu.md): its plan chose the runs that
 reports/h200-published/ holds and narrowed that report to the published recipe.
-tests/test_tools.py checks its choices, and runs it on a tiny params file and data. """
+tests/test_tools.py checks its choices, and runs it on a tiny params file and data.
+"""
 
 from __future__ import annotations
 
