@@ -441,9 +441,10 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
     no preflight or graph check (their own tests run them), MPS off (no daemon here), the
     concurrency of 2 tiny trainings measured and planned with, the published scratch run
     trained, evaluated, benched and reported by Snakemake, recorded by `dvc commit`, packed.
-    One run: the plan's choice among several is tested above (test_plan_*); a second run here
-    only added a training and an evaluation. A second call on the same machine trains nothing
-    again: the first H200 study session's second call retrained the runs its first finished."""
+    One planned run: the plan's choice among several is tested above (test_plan_*); a second
+    run here only added a training and an evaluation. Then run.sh is called again on the same
+    copy, as a second call on the same machine, and trains nothing: the first H200 study
+    session's second call retrained the runs its first had finished."""
     from tiny import scratch_copy
 
     copy = scratch_copy(tmp_path / "copy")

@@ -23,9 +23,8 @@ RECORD = ROOT / "docs" / "mutation-record.json"
 # Files that no test of a profile reads: the exclusions' list (read by the summary, after
 # mutmut), make mutate's own code, which runs mutmut and reads its results, and make test's
 # measurement (a pytest plugin that only make test loads, and the hook it puts in the processes
-# of make test's run). An edit of them changes no verdict,
-# so it keeps the record (test_*.py files that a profile's selection does not name are left
-# out of its tree too: they never run).
+# of make test's run). An edit of them changes no verdict, so it keeps the record (test_*.py
+# files that a profile's selection does not name are left out of its tree too: they never run).
 NOT_READ = ("tests/mutation_equivalent.yaml", "tools/mutate.py", "tools/mutate_record.py",
             "tools/mutmut_results.py", "tools/cpu_seconds.py", "tools/process_hook.py")
 
