@@ -82,7 +82,9 @@ export PYTHONUNBUFFERED=1
 
 # A killed kit leaves no process behind, however it was killed (SIGKILL included): a watcher
 # notes the kit's descendants every 2 s and, once the kit is gone, stops those still running
-# (the checks, Snakemake and its trainings, which keep their resume state on SIGTERM).
+# (the checks, Snakemake and its trainings, which keep their resume state on SIGTERM) and
+# what they started since. A list taken while the kit died may be cut short (its children are
+# no longer the kit's once it is gone): it is added to the last, not put in its place.
 descendants() {  # $1's descendants but the watcher ($2) and its own
     local child
     for child in $(pgrep -P "$1"); do
@@ -93,9 +95,11 @@ kit_pid=$$
 (
     watcher=$BASHPID known=""
     while kill -0 "$kit_pid" 2>/dev/null; do
-        known=$(descendants "$kit_pid" "$watcher")
+        seen=$(descendants "$kit_pid" "$watcher")
+        if kill -0 "$kit_pid" 2>/dev/null; then known=$seen; else known="$known $seen"; fi
         sleep 2
     done
+    for pid in $known; do known="$known $(descendants "$pid" "$watcher")"; done
     for pid in $known; do kill -TERM "$pid" 2>/dev/null || true; done
 ) </dev/null >/dev/null 2>&1 &
 
