@@ -1036,10 +1036,13 @@ def test_make_tests_table_counts_each_tests_processes_on_every_worker(tmp_path):
     site = Path(sysconfig.get_paths()["purelib"])
     before, temp = set(site.glob("*.pth")), tmp_path / "temp"
     temp.mkdir()
+    # Options given to make test's own pytest are not the inner run's: with
+    # PYTEST_ADDOPTS="--durations=0 -v" its durations' lines were read as the table's.
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     done = subprocess.run([sys.executable, str(REPO / "tools" / "cpu_seconds.py"), "-n", "2",
                            "-p", "no:cacheprovider", "--host-repeats", "0", str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TMPDIR": str(temp)})
+                          env={**env, "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stdout[-3000:]
     lines = done.stdout.splitlines()
     total = next(line for line in lines if line.startswith("CPU-seconds in the tests"))
