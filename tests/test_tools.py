@@ -925,6 +925,28 @@ def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, 
         record.verdicts(first / "mutants", paths)
 
 
+def test_mutmut_copies_a_file_inside_a_folder_once_make_mutate_made_the_folder(tmp_path):
+    """also_copy lists what the tests read, a file inside a folder among them
+    (tools/gpu/check_graphs.py): mutmut's own copy of it fails without its folder in mutants/,
+    and succeeds once make mutate made it."""
+    mutate = load_mutate()
+    config = {"source_paths": ["src"],
+              "also_copy": ["params.yaml", "tools/gpu/check.py", "reports/run"]}
+    for name in ("src/pkg/m.py", "params.yaml", "tools/gpu/check.py", "reports/run/a.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    (tmp_path / "pyproject.toml").write_text(mutate.with_mutmut_table(
+        "[tool.mutmut]\n", config))
+    copy = [sys.executable, "-c", "from mutmut.utils.file_utils import copy_also_copy_files; "
+            "copy_also_copy_files()"]
+    (tmp_path / "mutants").mkdir()  # mutmut's copy of src/ made it
+    assert subprocess.run(copy, cwd=tmp_path, capture_output=True).returncode != 0
+    mutate.copy_folders(mutate.Profile("core", tmp_path, config))
+    subprocess.run(copy, cwd=tmp_path, capture_output=True, check=True)
+    for name in ("params.yaml", "tools/gpu/check.py", "reports/run/a.json"):
+        assert (tmp_path / "mutants" / name).read_text() == name
+
+
 def test_mutate_places_a_mutation_on_its_line():
     """tools/mutmut_results.py reads mutmut's diff of a function (counted from its `def`) into the
     mutated line's distance from the `def` and the text before and after."""

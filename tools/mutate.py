@@ -105,10 +105,18 @@ def workspace(profile: Profile) -> None:
     profile.root.mkdir(parents=True, exist_ok=True)
     for name in ("src", "tests", *profile.config.get("also_copy", [])):
         link = profile.root / name
+        link.parent.mkdir(parents=True, exist_ok=True)  # a name inside a folder: tools/gpu/x.py
         if not link.is_symlink():
             link.symlink_to(ROOT / name)
     text = (ROOT / "pyproject.toml").read_text()
     (profile.root / "pyproject.toml").write_text(with_mutmut_table(text, profile.config))
+
+
+def copy_folders(profile: Profile) -> None:
+    """The folder in mutants/ of each name also_copy lists: mutmut copies a file inside a
+    folder (tools/gpu/check_graphs.py) without making the folder, and fails."""
+    for name in profile.config.get("also_copy", []):
+        (profile.root / "mutants" / name).parent.mkdir(parents=True, exist_ok=True)
 
 
 def with_mutmut_table(pyproject: str, config: dict) -> str:
@@ -160,6 +168,7 @@ def run_mutmut(profile: Profile, module: str | None = None) -> float:
         if not names:
             print(f"mutate: every mutant of {module} is killed, or listed as equivalent")
             return 0.0
+    copy_folders(profile)
     print(f"mutate: profile {profile.name}, in {profile.root.relative_to(ROOT)}",
           flush=True)
     start = time.monotonic()
