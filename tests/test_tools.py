@@ -542,10 +542,7 @@ def test_gpu_kit_at_tiny_size(mirror, tmp_path):
     time.sleep(3)  # the watcher looks every 2 s
     killed.kill()
     killed.wait()
-    deadline = time.monotonic() + 20
-    while (left := processes_in(copy)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left
+    assert not still_in(copy)
 
 
 def processes_in(folder: Path) -> list[str]:
@@ -566,6 +563,15 @@ def process_ids_in(folder: Path) -> dict[int, str]:
         if cwd == folder or folder in cwd.parents:
             found[int(proc.name)] = cmd
     return found
+
+
+def still_in(folder: Path, seconds: float = 20) -> dict[int, str]:
+    """process_ids_in(folder) once they have all ended, or after `seconds` (a killed kit's
+    watcher stops what it left: it looks every 2 s)."""
+    deadline = time.monotonic() + seconds
+    while (left := process_ids_in(folder)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 def test_the_kits_watcher_stops_its_processes_when_the_kit_dies_before_a_list(tmp_path):
@@ -594,10 +600,7 @@ def test_the_kits_watcher_stops_its_processes_when_the_kit_dies_before_a_list(tm
             time.sleep(0.05)
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 20
-        while (left := process_ids_in(tmp_path)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not left
+        assert not still_in(tmp_path)
     finally:
         for pid in process_ids_in(tmp_path):
             with contextlib.suppress(OSError):
