@@ -41,6 +41,60 @@ keep_freed_memory()
 REPO = Path(__file__).resolve().parents[1]
 
 
+# ---- the checkout is left as the tests found it ----------------------------------------------
+# What a later `dvc repro`, `snakemake` or `nmt` run in this checkout reads of earlier runs. A
+# test that wrote here (an in-process call that writes under the current folder, the checkout)
+# would hand a real run its stand-in figures: test_precision's estimate wrote
+# results/precision/<recipe>.json, a precision chosen on a planted clock, which every later
+# run of that recipe here would have taken as decided. A test writes under its tmp_path.
+WATCHED = ("data", "results", "reports", ".snakemake", "dvc.lock", "params.yaml")
+CHECKOUT = pytest.StashKey[dict]()  # the session's pipeline_files at its start
+
+
+def pipeline_files(root: Path) -> dict[str, tuple[int, int]]:
+    """Each file of `root`'s WATCHED paths: its size and modification time (ns)."""
+    found = {}
+    for name in WATCHED:
+        top = root / name
+        for file in [top] if top.is_file() else sorted(top.rglob("*")):
+            if file.is_file():
+                stat = file.stat()
+                found[str(file.relative_to(root))] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def changed(before: dict, after: dict) -> list[str]:
+    """The files added, changed or removed between two pipeline_files of one checkout."""
+    def how(path: str) -> str:
+        return "new" if path not in before else "removed" if path not in after else "changed"
+
+    return sorted(f"{path} ({how(path)})" for path in before.keys() | after.keys()
+                  if before.get(path) != after.get(path))
+
+
+def guards_the_checkout(config) -> bool:
+    """pytest's own process (not an xdist worker) in a git checkout, outside make mutate (whose
+    mutmut runs the tests in copies beside its own files)."""
+    return (not hasattr(config, "workerinput") and "MUTANT_UNDER_TEST" not in os.environ
+            and (REPO / ".git").exists())
+
+
+def pytest_sessionstart(session):
+    if guards_the_checkout(session.config):
+        session.config.stash[CHECKOUT] = pipeline_files(REPO)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = session.config.stash.get(CHECKOUT, None)
+    if before is None:
+        return
+    written = changed(before, pipeline_files(REPO))
+    if written:
+        print(f"\nthe tests changed this checkout's pipeline files (a test writes under its "
+              f"tmp_path; a later run here would read these): {', '.join(written)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 # ---- running the tests on every core (pytest-xdist: make test runs pytest -n 2) --------------
 # A worker runs whole modules, so that a module's fixtures are built once; the modules that
 # share the session's tiny pipelines run on one worker together, so that those are built once

@@ -200,6 +200,7 @@ def test_a_huge_batch_is_calibrated_on_a_bounded_one(cache, monkeypatch):
     plant_clock(monkeypatch, steady(1.0, 0.5))
     settings = huge | {"train": huge["train"] | {"max_updates": 10, "device": "cpu"},
                        "vocab": {"kind": "bpe", "bpe_size": 50}}
+    monkeypatch.chdir(cache.parent)  # estimate records its choice in ./results/precision/
     lines = estimate(settings, "tiny", ["scratch"], cache.parent / "absent")
     assert shapes == [(MAX_CALIBRATION_TOKENS // SENTENCE_TOKENS, SENTENCE_TOKENS)] * len(MODELS)
     assert lines[2] == (f"(an update timed on {MAX_CALIBRATION_TOKENS:,} tokens and scaled to "
@@ -409,6 +410,7 @@ def test_estimate_gives_each_models_minutes_in_the_chosen_precision(cache, monke
         model, update_seconds["scratch"])[name])
     settings = TINY | {"train": TINY["train"] | {"max_updates": 1200, "device": "cpu"},
                        "vocab": {"kind": "word", "bpe_size": 8000}}
+    monkeypatch.chdir(tmp_path)  # estimate records its choice in ./results/precision/
     lines = estimate(settings, "demo", ["scratch", "decoder_only"], tmp_path / "absent")
     assert lines[1].startswith("training in fp32: auto: an update ran baseline 0.83x (spread "
                                "0%), scratch 0.80x (spread 0%), decoder_only 0.90x")

@@ -1109,3 +1109,25 @@ def test_make_tests_table_ends_with_the_host():
 
     loop, write = cpu_seconds.probe()  # real figures: each costs something, neither minutes
     assert 0 < loop < 60 and 0 < write < 60
+
+
+def test_the_tests_guard_names_what_a_test_wrote_into_the_checkouts_pipeline_files(tmp_path):
+    """tests/conftest.py fails a session that changed what a later run in the checkout reads
+    (test_precision's estimate once wrote results/precision/<recipe>.json there)."""
+    from conftest import changed, pipeline_files
+
+    (tmp_path / "results" / "precision").mkdir(parents=True)
+    (tmp_path / "results" / "old.json").write_text("{}")
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    (tmp_path / "docs").mkdir()
+    before = pipeline_files(tmp_path)
+    assert sorted(before) == ["params.yaml", "results/old.json"]
+    assert changed(before, pipeline_files(tmp_path)) == []
+
+    (tmp_path / "results" / "precision" / "demo.json").write_text("{}")
+    (tmp_path / "params.yaml").write_text("seed: 12\n")
+    (tmp_path / "results" / "old.json").unlink()
+    (tmp_path / "docs" / "notes.md").write_text("not a pipeline file")
+    assert changed(before, pipeline_files(tmp_path)) == [
+        "params.yaml (changed)", "results/old.json (removed)",
+        "results/precision/demo.json (new)"]
