@@ -53,9 +53,11 @@ coverage: setup  ## the whole test suite, with the line coverage of each module 
 # profiles), each run against the tests that call its function; writes docs/mutation.md.
 # Long (docs/testing.md gives the minutes), so not part of make test or CI.
 # MODULE=src/nmt/core/stats.py: that module's mutants not killed yet (a stopped run goes on).
+# PROFILE=training (or core): that profile's whole run, from the record where it is of this tree.
 MODULE ?=
-mutate: setup  ## mutation testing (two profiles): docs/mutation.md (MODULE=path: one module)
-	$(BIN)/python tools/mutate.py $(if $(MODULE),--module $(MODULE))
+PROFILE ?=
+mutate: setup  ## mutation testing (two profiles): docs/mutation.md (MODULE=path: one module; PROFILE=core or training: one profile)
+	$(BIN)/python tools/mutate.py $(if $(MODULE),--module $(MODULE)) $(if $(PROFILE),--profile $(PROFILE))
 
 check-data: setup  ## every SHA256SUMS and DVC cache object against the bytes: one line a damaged file (`nmt check`)
 	$(BIN)/nmt check

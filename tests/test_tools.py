@@ -1023,6 +1023,27 @@ def test_mutate_runs_the_training_profile_in_a_folder_of_its_own(tmp_path):
         {k: v for k, v in checkout.items() if k != "tool"}
 
 
+
+@pytest.mark.parametrize("argv, ran", [([], ["core", "training"]),
+                                       (["--profile", "training"], ["training"])])
+def test_make_mutate_profile_runs_that_profile_alone(argv, ran, tmp_path, monkeypatch):
+    """make mutate PROFILE=training: one profile's whole run (a whole run spread over
+    sessions), then the summary; a name that is no profile is refused in one line."""
+    mutate = load_mutate()
+    runs = []
+    monkeypatch.setattr(mutate, "run_mutmut", lambda profile: runs.append(profile.name) or 1.0)
+    monkeypatch.setattr(mutate, "summary", lambda minutes: f"ran {minutes}\n## Survivors\n")
+    shutil.copy(REPO / "pyproject.toml", tmp_path)  # the profiles
+    monkeypatch.setattr(mutate, "ROOT", tmp_path)  # main() goes there: back after the test
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(mutate, "SUMMARY", tmp_path / "mutation.md")
+    monkeypatch.setattr(sys, "argv", ["mutate.py", *argv])
+    mutate.main()
+    assert runs == ran and mutate.SUMMARY.read_text().startswith(f"ran {float(len(ran))}")
+    refused = subprocess.run([sys.executable, "tools/mutate.py", "--profile", "models"],
+                             cwd=REPO, capture_output=True, text=True)
+    assert refused.returncode == 2 and "invalid choice: 'models'" in refused.stderr
+
 def test_every_equivalent_mutant_is_a_line_of_the_code_with_a_reason():
     """tests/mutation_equivalent.yaml stays true to the code: each entry names a function of a
     module make mutate mutates, its `before` is that function's text, and it says why (and,

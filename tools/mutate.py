@@ -3,6 +3,7 @@ report and the training loop, and its summary.
 
     python tools/mutate.py                                   # every module of every profile
     python tools/mutate.py --module src/nmt/core/stats.py    # one module's mutants
+    python tools/mutate.py --profile training                # one profile's whole run
     python tools/mutate.py --summary                         # the summary of what has run
 
 Two profiles, each a mutmut run with its own modules and tests: "core" ([tool.mutmut] in
@@ -377,6 +378,8 @@ def table_row(module: str, count: Counter) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--module", help="one source file, e.g. src/nmt/core/stats.py")
+    parser.add_argument("--profile", choices=[p.name for p in profiles()],
+                        help="one profile's whole run (a whole run spread over sessions)")
     parser.add_argument("--summary", action="store_true", help="only write the summary")
     args = parser.parse_args()
     os.chdir(ROOT)  # mutmut reads pyproject.toml and writes mutants/ in the current folder
@@ -385,7 +388,8 @@ def main() -> None:
     elif args.module:
         minutes = run_mutmut(profile_of(args.module), args.module)
     else:
-        minutes = sum(run_mutmut(profile) for profile in profiles())
+        minutes = sum(run_mutmut(profile) for profile in profiles()
+                      if args.profile in (None, profile.name))
     SUMMARY.write_text(summary(minutes))
     text = SUMMARY.read_text()
     print(text.split("## Survivors")[0].rstrip())
