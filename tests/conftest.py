@@ -47,7 +47,14 @@ REPO = Path(__file__).resolve().parents[1]
 # would hand a real run its stand-in figures: test_precision's estimate wrote
 # results/precision/<recipe>.json, a precision chosen on a planted clock, which every later
 # run of that recipe here would have taken as decided. A test writes under its tmp_path.
-WATCHED = ("data", "results", "reports", ".snakemake", "dvc.lock", "params.yaml")
+# Of .snakemake/, what decides a later run (its records of each output's code, params and
+# inputs; the outputs it left incomplete), not the logs and I/O cache that test_lint's dry
+# runs of the checkout's own workflow write. Nor params/sources.sha256: the Snakefile writes
+# it whenever it reads the workflow (a dry run too), this checkout's own record, rewritten
+# only when its text changes (nmt.stages.sources).
+WATCHED = ("data", "results", "reports", "params", ".snakemake/metadata",
+           ".snakemake/incomplete", "dvc.lock", "params.yaml")
+SELF_WRITTEN = ("params/sources.sha256",)
 CHECKOUT = pytest.StashKey[dict]()  # the session's pipeline_files at its start
 
 
@@ -57,7 +64,7 @@ def pipeline_files(root: Path) -> dict[str, tuple[int, int]]:
     for name in WATCHED:
         top = root / name
         for file in [top] if top.is_file() else sorted(top.rglob("*")):
-            if file.is_file():
+            if file.is_file() and str(file.relative_to(root)) not in SELF_WRITTEN:
                 stat = file.stat()
                 found[str(file.relative_to(root))] = (stat.st_size, stat.st_mtime_ns)
     return found

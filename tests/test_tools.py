@@ -1141,6 +1141,8 @@ def test_the_tests_guard_names_what_a_test_wrote_into_the_checkouts_pipeline_fil
     (tmp_path / "results" / "old.json").write_text("{}")
     (tmp_path / "params.yaml").write_text("seed: 0\n")
     (tmp_path / "docs").mkdir()
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "sources.sha256").write_text("the Snakefile writes it\n")
     before = pipeline_files(tmp_path)
     assert sorted(before) == ["params.yaml", "results/old.json"]
     assert changed(before, pipeline_files(tmp_path)) == []
@@ -1149,6 +1151,8 @@ def test_the_tests_guard_names_what_a_test_wrote_into_the_checkouts_pipeline_fil
     (tmp_path / "params.yaml").write_text("seed: 12\n")
     (tmp_path / "results" / "old.json").unlink()
     (tmp_path / "docs" / "notes.md").write_text("not a pipeline file")
+    (tmp_path / "params" / "sources.sha256").write_text("rewritten on every read\n")
+    (tmp_path / "params" / "demo.yaml").write_text("model: {}\n")
     assert changed(before, pipeline_files(tmp_path)) == [
-        "params.yaml (changed)", "results/old.json (removed)",
+        "params.yaml (changed)", "params/demo.yaml (new)", "results/old.json (removed)",
         "results/precision/demo.json (new)"]
