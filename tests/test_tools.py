@@ -1023,7 +1023,6 @@ def test_mutate_runs_the_training_profile_in_a_folder_of_its_own(tmp_path):
         {k: v for k, v in checkout.items() if k != "tool"}
 
 
-
 @pytest.mark.parametrize("argv, ran", [([], ["core", "training"]),
                                        (["--profile", "training"], ["training"])])
 def test_make_mutate_profile_runs_that_profile_alone(argv, ran, tmp_path, monkeypatch):
@@ -1043,6 +1042,7 @@ def test_make_mutate_profile_runs_that_profile_alone(argv, ran, tmp_path, monkey
     refused = subprocess.run([sys.executable, "tools/mutate.py", "--profile", "models"],
                              cwd=REPO, capture_output=True, text=True)
     assert refused.returncode == 2 and "invalid choice: 'models'" in refused.stderr
+
 
 def test_every_equivalent_mutant_is_a_line_of_the_code_with_a_reason():
     """tests/mutation_equivalent.yaml stays true to the code: each entry names a function of a
