@@ -35,6 +35,7 @@ from train_helpers import (
     nmt_process,
     params_file,
     read_outputs,
+    rows_of_lines,
     tiny_data,
     train_argv,
 )
@@ -69,6 +70,8 @@ def killed(setup, tmp_path, kill_at: str, saves: str) -> tuple[list[str], object
     data = {**setup["data"], "results": tmp_path / "results"}
     argv = train_argv(setup["params"][saves], data)
     proc = nmt_process(argv, kill_at)
+    # the signal's line, said while the epoch's bar was drawn, has a row of its own
+    rows_of_lines(proc.stderr)
     return argv, proc
 
 

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from nmt import cli
 from nmt.core import checkpoint
 from nmt.core.codecs import PAD_ID, load_codecs
 from nmt.core.data import Batches, load_pairs
@@ -32,6 +33,7 @@ from train_helpers import (
     assert_same_outputs,
     nmt_process,
     params_file,
+    rows_of_lines,
     tiny_data,
     tiny_params,
     train_argv,
@@ -620,6 +622,17 @@ def test_unwritable_or_full_results_folder_is_one_line(data, tmp_path, mount, co
     assert "epoch 1" not in proc.stderr  # stopped before training
 
 
+def test_a_line_logged_while_the_bar_is_drawn_has_a_row_of_its_own(data, tmp_path):
+    """On the CPU the run's minutes are logged after its first 20 updates, while the epoch's
+    bar is drawn (25 batches of 8): on the terminal the line is written above the bar, not
+    after it on the bar's row."""
+    argv = train_argv(params_file(tmp_path, batch_size=8), {**data, "results": tmp_path / "r"})
+    proc = nmt_process(argv, kill_at="step:21")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    rows = rows_of_lines(proc.stderr)
+    assert [row for row in rows if row.startswith("nmt.train: training takes about ")], rows
+
+
 def test_expected_minutes_line():
     def line(per_update, step, total, per_epoch):
         trainer = SimpleNamespace(total_updates=total, updates_per_epoch=per_epoch,
@@ -671,23 +684,25 @@ def test_a_resumed_run_keeps_the_precision_it_began_with(data, tmp_path, monkeyp
 
 
 def test_a_second_ctrl_c_before_any_state_stops_at_once_and_says_nothing_is_kept(
-        data, tmp_path, monkeypatch):
+        data, tmp_path, monkeypatch, capsys):
     """Two Ctrl-Cs at update 3, before any resume state was written: exit 130 at once, and
     the line says a rerun starts afresh (the planted SIGINT is the second: the first is sent
-    just before it, as faults.before_kill runs its functions first)."""
+    just before it, as faults.before_kill runs its functions first). On the terminal each
+    line has a row of its own: the epoch's bar, drawn when the first came, is cleared."""
     import os
-    import signal
 
     def first_ctrl_c():
         os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(faults, "_before_kill", [*faults._before_kill, first_ctrl_c])
     monkeypatch.setenv(faults.ENV, "step:3:INT")
-    with pytest.raises(resume.Stopped) as stop:
-        fit(data, tmp_path, "interrupted")
-    assert stop.value.code == 130 and str(stop.value) == (
-        "interrupted at once; no resume state was written yet; `nmt train --recipe published "
-        "--model scratch --seed 0` (same options) again starts afresh")
+    params = params_file(tmp_path)
+    assert cli.main(train_argv(params, {**data, "results": tmp_path / "interrupted"})) == 130
+    assert rows_of_lines(capsys.readouterr().err) == [
+        "nmt train: SIGINT: finishing this step, then saving the resume state (Ctrl-C again: "
+        "stop at once)",
+        "nmt train: interrupted at once; no resume state was written yet; `nmt train --recipe "
+        "published --model scratch --seed 0` (same options) again starts afresh"]
     assert not RUN.files(tmp_path / "interrupted").resume.exists()
 
 

@@ -34,7 +34,13 @@ from nmt.core.errors import (
     access_denied,
     out_of_memory,
 )
-from nmt.core.process import Terminated, keep_freed_memory, set_gpu_memory_bound, sigterm_stops
+from nmt.core.process import (
+    Terminated,
+    keep_freed_memory,
+    log_to_stderr,
+    set_gpu_memory_bound,
+    sigterm_stops,
+)
 from nmt.pipeline import commandline
 from nmt.pipeline.commandline import set_threads
 from nmt.pipeline.params import load_params
@@ -94,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nmt: error: {e}", file=sys.stderr)
         return e.exit_code
     args = build_parser(argv).parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(name)s: %(message)s", stream=sys.stderr)
+    log_to_stderr(logging.WARNING if args.quiet else logging.INFO)
     with (sigterm_stops(exiting=argv is None) as outcome,
           reads_recorded(args.stage, getattr(args, "model", None)) as track):
         outcome["status"] = run(args, track)

@@ -1,20 +1,25 @@
 """What an `nmt` process sets up before its command runs, and how it answers a stop: glibc
 malloc's settings (keep_freed_memory), the CUDA memory bound its stage and torchrun's
 processes read (set_gpu_memory_bound), the SIGTERM policy outside the training loop
-(sigterm_stops), and how long ago it started (process_seconds). Imports no torch: `nmt
-train` over several devices only launches torchrun.
+(sigterm_stops), how long ago it started (process_seconds), and its log lines, each on a
+row of its own above any progress bar (log_to_stderr, say). Imports no torch: `nmt train`
+over several devices only launches torchrun.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tqdm import tqdm
 
 from nmt.core.errors import Completion, NmtError
 
@@ -104,3 +109,26 @@ def sigterm_stops(exiting: bool) -> Iterator[dict]:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         elif signal.getsignal(signal.SIGTERM) is on_sigterm:
             signal.signal(signal.SIGTERM, before)
+
+
+def say(line: str) -> None:
+    """line on stderr, on a row of its own: a progress bar being drawn (tqdm, the loop's
+    epoch bar) is cleared first and drawn again below it, where a plain print would add the
+    line to the bar's row."""
+    tqdm.write(line, file=sys.stderr)
+
+
+class _AboveTheBars(logging.StreamHandler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            say(self.format(record))
+        except Exception:  # as logging.StreamHandler.emit
+            self.handleError(record)
+
+
+def log_to_stderr(level: int) -> None:
+    """The nmt loggers' lines (`nmt.train: ...`) on stderr, each through say; as
+    logging.basicConfig, nothing changes where the root logger has a handler already (a
+    test's)."""
+    logging.basicConfig(level=level, format="%(name)s: %(message)s",
+                        handlers=[_AboveTheBars()])

@@ -113,23 +113,22 @@ def fit(trainer: Trainer, progress: Progress) -> None:
     with stop_signals(trainer) as stop:
         while not progress.done(config):
             trainer.model.train()
-            meter = EpochMeter(trainer, progress)  # running loss and tokens, clock, bar
-            for micro in micro_batches(trainer, progress):  # the rest of this epoch
-                meter.add(trainer.update(micro), batches=len(micro))
-                progress.batch += len(micro)
-                progress.step += 1
-                faults.reached("step", progress.step)
-                stop.signum, due = world.max([stop.signum, int(trainer.save_due())])  # agree
-                if stop.signum or due:
-                    resume.save(trainer, meter.read(progress))
-                if stop.signum:
-                    meter.close()
-                    break  # the epoch unfinished; its resume state is written
-                meter.show(progress)
-                if progress.step == config.max_updates:
-                    break  # the budget ends this epoch early; it is validated below
+            # running loss and tokens, clock, bar (cleared however the epoch ends)
+            with EpochMeter(trainer, progress) as meter:
+                for micro in micro_batches(trainer, progress):  # the rest of this epoch
+                    meter.add(trainer.update(micro), batches=len(micro))
+                    progress.batch += len(micro)
+                    progress.step += 1
+                    faults.reached("step", progress.step)
+                    stop.signum, due = world.max([stop.signum, int(trainer.save_due())])
+                    if stop.signum or due:  # the ranks agreed on both
+                        resume.save(trainer, meter.read(progress))
+                    if stop.signum:
+                        break  # the epoch unfinished; its resume state is written
+                    meter.show(progress)
+                    if progress.step == config.max_updates:
+                        break  # the budget ends this epoch early; it is validated below
             if not stop.signum:  # every update of the epoch (or of the budget) done
-                meter.close()
                 end_epoch(trainer, meter.read(progress))  # validation, best weights, patience
                 resume.save(trainer, progress)
             stop.signum = world.max([stop.signum])[0]  # ranks agree

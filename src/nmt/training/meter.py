@@ -61,7 +61,12 @@ class EpochMeter:
         if updates == SHOW_EVERY and trainer.device.type == "cpu" and trainer.world.main:
             log.info(expected_minutes(per_update, trainer, progress))
 
-    def close(self) -> None:
+    def __enter__(self) -> EpochMeter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """The bar is cleared however the epoch ends (a second Ctrl-C, a full disk), so that
+        the line that says why starts a row of its own."""
         self.bar.close()
 
 

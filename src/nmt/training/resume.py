@@ -41,7 +41,6 @@ import logging
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -51,6 +50,7 @@ from pathlib import Path
 import torch
 
 from nmt.core import files
+from nmt.core.process import say
 from nmt.training.precision import Choice
 from nmt.training.state import RANK_OWN, Progress, Trainer, spent
 from nmt.training.state_writer import snapshot
@@ -258,8 +258,8 @@ class StopSignals:
             return
         self.signum, self._first = signum, time.monotonic()
         if self.announce:
-            print(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving "
-                  "the resume state (Ctrl-C again: stop at once)", file=sys.stderr, flush=True)
+            say(f"nmt train: {signal.Signals(signum).name}: finishing this step, then saving "
+                "the resume state (Ctrl-C again: stop at once)")
 
 
 def threading_main() -> bool:
