@@ -6,6 +6,7 @@ import atexit
 import functools
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -296,3 +297,33 @@ def snakemake_run(tiny_runs, request) -> Path:
     """The same tiny copy after one whole `snakemake`, run beside it."""
     in_tiny_group(request.node)
     return tiny_runs["snakemake"]
+
+
+def screen(stderr: str) -> list[str]:
+    """The rows a terminal shows once stderr is written to it, trailing blanks dropped: \\r
+    goes back to the row's start (what follows overwrites), \\n starts the next row, ESC[A
+    goes up a row (tqdm's bars under another bar). Text read with newlines translated
+    (subprocess's text=True, Path.read_text) has each \\r as \\n: every redraw of a bar is
+    then a row of its own, and a line written after a bar still shares its row."""
+    rows, row, col = [""], 0, 0
+    for part in re.split(r"(\r|\n|\x1b\[A)", stderr):
+        if part == "\r":
+            col = 0
+        elif part == "\n":
+            row, col = row + 1, 0
+            rows += [""] * (row + 1 - len(rows))
+        elif part == "\x1b[A":
+            row = max(row - 1, 0)
+        elif part:
+            text = rows[row].ljust(col)
+            rows[row], col = text[:col] + part + text[col + len(part):], col + len(part)
+    return [row.rstrip() for row in rows]
+
+
+def rows_of_lines(stderr: str) -> list[str]:
+    """The terminal's rows that are not blank (screen), once a check that a progress bar's
+    row holds the bar alone: a line written while a bar was drawn starts a row of its own."""
+    rows = [row for row in screen(stderr) if row]
+    for row in rows:
+        assert "%|" not in row or row.endswith("]"), f"a line shares the bar's row: {row!r}"
+    return rows

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import edit_params
+from conftest import edit_params, rows_of_lines
 from nmt.core.errors import NmtError
 from nmt.pipeline import orchestrators, preflight
 from tiny import finish, run, scratch_copy
@@ -755,14 +755,18 @@ def test_a_killed_snakemakes_lock_is_removed_unless_a_snakemake_works_in_the_fol
 
 def test_a_stage_command_stops_when_the_orchestrator_that_started_it_is_gone(tmp_path):
     """`nmt` stage commands watch the Snakemake or DVC that started them: a process named
-    snakemake starts a command that waits (here: Python running the same watch), and is killed
-    with SIGKILL; the command says so in one line and gets SIGTERM (a training then stops at
-    its next step and keeps its resume state). Started by hand, nothing watches."""
+    snakemake starts a command that waits (here: Python running the same watch, a progress
+    bar drawn as a training's is), and is killed with SIGKILL; the command says so in one
+    line, on a row of its own above the bar, and gets SIGTERM (a training then stops at its
+    next step and keeps its resume state). Started by hand, nothing watches."""
     child = ("import signal, sys, time\n"
+             "from tqdm import tqdm\n"
              "from nmt.pipeline.orchestrators import stop_when_orchestrator_dies\n"
-             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(print('SIGTERM')))\n"
+             "stop = lambda *a: sys.exit(tqdm.write('SIGTERM', sys.stderr))\n"
+             "signal.signal(signal.SIGTERM, stop)\n"
              "stop_when_orchestrator_dies(interval=0.1)\n"
              "print('watching', flush=True)\n"
+             "bar = tqdm(total=10)\n"
              "time.sleep(60)\n")
     script = tmp_path / "bin" / "snakemake"
     script.parent.mkdir()
@@ -781,7 +785,7 @@ def test_a_stage_command_stops_when_the_orchestrator_that_started_it_is_gone(tmp
     orchestrator.kill()
     orchestrator.wait()
     watched.wait(timeout=10)  # (not our child: its exit status is its parent's to read)
-    assert out.read_text().splitlines() == [
+    assert rows_of_lines(out.read_bytes().decode())[:3] == [
         "watching", f"nmt: snakemake (pid {orchestrator.pid}), which started this command, "
         "is gone: stopping", "SIGTERM"]
     by_hand = subprocess.run([sys.executable, "-c", child.replace("time.sleep(60)",

@@ -24,6 +24,7 @@ import pytest
 import torch
 import yaml
 
+from conftest import rows_of_lines
 from nmt import cli
 from nmt.core.errors import NmtError
 from nmt.core.runs import Run
@@ -35,7 +36,6 @@ from train_helpers import (
     nmt_process,
     params_file,
     read_outputs,
-    rows_of_lines,
     tiny_data,
     train_argv,
 )

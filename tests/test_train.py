@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import rows_of_lines
 from nmt import cli
 from nmt.core import checkpoint
 from nmt.core.codecs import PAD_ID, load_codecs
@@ -33,7 +34,6 @@ from train_helpers import (
     assert_same_outputs,
     nmt_process,
     params_file,
-    rows_of_lines,
     tiny_data,
     tiny_params,
     train_argv,

@@ -6,7 +6,6 @@ import copy
 import csv
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -119,30 +118,3 @@ def with_train(params: dict, **train) -> dict:
     out["train"].update(train)
     return out
 
-
-def screen(stderr: str) -> list[str]:
-    """The rows a terminal shows once stderr is written to it, trailing blanks dropped: \\r
-    goes back to the row's start (what follows overwrites), \\n starts the next row, ESC[A
-    goes up a row (tqdm's bars under another bar)."""
-    rows, row, col = [""], 0, 0
-    for part in re.split(r"(\r|\n|\x1b\[A)", stderr):
-        if part == "\r":
-            col = 0
-        elif part == "\n":
-            row, col = row + 1, 0
-            rows += [""] * (row + 1 - len(rows))
-        elif part == "\x1b[A":
-            row = max(row - 1, 0)
-        elif part:
-            text = rows[row].ljust(col)
-            rows[row], col = text[:col] + part + text[col + len(part):], col + len(part)
-    return [row.rstrip() for row in rows]
-
-
-def rows_of_lines(stderr: str) -> list[str]:
-    """The terminal's rows that are not blank (screen), once a check that a progress bar's
-    row holds the bar alone: a line written while a bar was drawn starts a row of its own."""
-    rows = [row for row in screen(stderr) if row]
-    for row in rows:
-        assert "%|" not in row or row.endswith("]"), f"a line shares the bar's row: {row!r}"
-    return rows

@@ -34,6 +34,7 @@ import psutil
 
 from nmt.core.dvc_cache import locked_stages
 from nmt.core.errors import NmtError
+from nmt.core.process import say
 from nmt.core.runs import Run
 
 DVC_LOCK = Path(".dvc/tmp/lock")
@@ -204,8 +205,7 @@ def stop_when_orchestrator_dies(interval: float = 1.0) -> None:
     def watch() -> None:
         while alive_since(pid, started):
             time.sleep(interval)
-        print(f"nmt: {name} (pid {pid}), which started this command, is gone: stopping",
-              file=sys.stderr, flush=True)
+        say(f"nmt: {name} (pid {pid}), which started this command, is gone: stopping")
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="orchestrator watch", daemon=True).start()
