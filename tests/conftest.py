@@ -8,7 +8,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -185,14 +187,36 @@ def a_mutant_that_hangs_fails(request):
     if not under_mutant():
         yield
         return
-    import threading
-
     limit = 5 * mutmut_durations().get(request.node.nodeid, 0.0) + 30
     watchdog = threading.Timer(limit, hung, (request.node.nodeid, limit))
     watchdog.daemon = True
     watchdog.start()
     yield
     watchdog.cancel()
+
+
+@pytest.fixture(autouse=True)
+def a_mutant_that_leaves_sigterm_unhandled_fails(request):
+    """Under a mutant of make mutate, a SIGTERM that reaches a test's process with no handler
+    of nmt's in place (one a test sends itself, or the stop planted at update 1,000) ends it
+    with exit 1, which mutmut counts as a kill. mutmut's fork server answers SIGTERM with
+    exit 0, and the processes it forks to run the tests inherit its handler: a mutant of
+    StopSignals.__enter__ that never put nmt's handler in place passed (docs/testing.md).
+    Outside make mutate such a SIGTERM ends the process, which pytest or xdist report."""
+    if not under_mutant() or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+
+    def unhandled(signum, frame):
+        capture.suspend_global_capture()  # pytest's capture would keep the line from showing
+        os.write(2, f"{request.node.nodeid}: a SIGTERM reached the test's process with no "
+                    "handler of nmt's: failed\n".encode())
+        os._exit(1)
+
+    before = signal.signal(signal.SIGTERM, unhandled)
+    yield
+    signal.signal(signal.SIGTERM, before)
 
 
 @pytest.fixture(scope="module")

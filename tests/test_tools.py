@@ -837,6 +837,38 @@ def test_the_watchdogs_kills_and_the_runs_minutes_are_named(tmp_path, monkeypatc
     assert [survivors, apart, hung] == [[text[3]], [text[5]], [text[7]]]
 
 
+def test_under_a_mutant_a_sigterm_that_no_handler_takes_is_a_kill(tmp_path):
+    """mutmut's fork server answers SIGTERM with exit 0, and the processes it forks to run a
+    mutant's tests inherit that handler: a test whose SIGTERM found no handler of nmt's in
+    place passed, so a mutant of StopSignals.__enter__ that never put one there survived.
+    Under a mutant, tests/conftest.py fails such a test (exit 1, a kill); a SIGTERM that a
+    handler takes is no failure."""
+    (tmp_path / "mutmut-stats.json").write_text(json.dumps({"duration_by_test": {}}))
+    (tmp_path / "test_stop.py").write_text(
+        "import os, signal\n\n\n"
+        "def test_unhandled():\n    os.kill(os.getpid(), signal.SIGTERM)\n\n\n"
+        "def test_handled():\n    signal.signal(signal.SIGTERM, lambda *_: None)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n")
+    harness = ("import os, signal, sys, pytest\n"  # the fork server's handler, then the tests
+               "signal.signal(signal.SIGTERM, lambda *_: os._exit(0))\n"
+               "sys.exit(pytest.main(sys.argv[1:]))\n")
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}:{REPO / 'src'}",
+           "MUTANT_UNDER_TEST": "nmt.training.resume.xǁStopSignalsǁ__enter____mutmut_1"}
+
+    def run(test: str, *plugins: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", harness, "-p", "no:cacheprovider",
+                               *plugins, f"test_stop.py::{test}"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    assert run("test_unhandled").returncode == 0  # without the fixture: mutmut's "survived"
+    died = run("test_unhandled", "-p", "conftest")
+    assert died.returncode == 1, died.stdout[-2000:]
+    assert died.stderr.endswith("test_stop.py::test_unhandled: a SIGTERM reached the test's "
+                                "process with no handler of nmt's: failed\n")
+    handled = run("test_handled", "-p", "conftest")
+    assert handled.returncode == 0, handled.stdout[-2000:]
+
+
 def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, monkeypatch,
                                                                      capsys):
     """make mutate writes mutmut's verdicts and its logs into docs/mutation-record.json after

@@ -117,4 +117,3 @@ def with_train(params: dict, **train) -> dict:
     out = copy.deepcopy(params)
     out["train"].update(train)
     return out
-

@@ -118,7 +118,7 @@ def say(line: str) -> None:
     tqdm.write(line, file=sys.stderr)
 
 
-class _AboveTheBars(logging.StreamHandler):
+class _AboveTheBars(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             say(self.format(record))
