@@ -855,9 +855,9 @@ def test_under_a_mutant_a_sigterm_that_no_handler_takes_is_a_kill(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}:{REPO / 'src'}",
            "MUTANT_UNDER_TEST": "nmt.training.resume.xǁStopSignalsǁ__enter____mutmut_1"}
 
-    def run(test: str, *plugins: str) -> subprocess.CompletedProcess:
+    def run(test: str, *options: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-c", harness, "-p", "no:cacheprovider",
-                               *plugins, f"test_stop.py::{test}"],
+                               *options, f"test_stop.py::{test}"],
                               cwd=tmp_path, env=env, capture_output=True, text=True)
 
     assert run("test_unhandled").returncode == 0  # without the fixture: mutmut's "survived"
