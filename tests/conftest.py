@@ -35,6 +35,7 @@ atexit.register(shutil.rmtree, os.environ["NMT_CACHE_DIR"], ignore_errors=True)
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
+from mutmut_seconds import pytest_fixture_setup, pytest_runtest_makereport  # noqa: E402, F401
 from nmt.core.process import keep_freed_memory  # noqa: E402
 from nmt.pipeline.params import load_params  # noqa: E402
 

@@ -869,6 +869,49 @@ def test_under_a_mutant_a_sigterm_that_no_handler_takes_is_a_kill(tmp_path):
     assert handled.returncode == 0, handled.stdout[-2000:]
 
 
+def test_a_mutants_limits_count_the_fixtures_its_tests_set_up(tmp_path):
+    """mutmut sets a mutant's time limits from its tests' times, and times only each test's
+    call. A process that runs a mutant's tests also sets up their fixtures, so a survivor
+    whose tests read a slow module fixture's result was called a timeout. This happened to
+    collate's equivalent mutants, whose tests read test_headline's evaluation. In mutmut's
+    stats run, tests/mutmut_seconds.py adds to each test's time the setup of every fixture
+    the test uses. mutmut runs for real here, on a one-function project with a fixture of
+    1.5 s: with the hooks, the survivor survives and both tests count the setup; without
+    them, both tests count about nothing and the survivor is a timeout."""
+    def run(hooks: bool) -> tuple[int, dict[str, float]]:
+        project = tmp_path / ("with" if hooks else "without")
+        files = {"src/pkg/__init__.py": "", "src/pkg/m.py": "def three():\n    return 3\n",
+                 "tests/conftest.py": "import sys\nsys.path.insert(0, 'src')\n" + (
+                     "from mutmut_seconds import pytest_fixture_setup, "
+                     "pytest_runtest_makereport  # noqa: F401\n" if hooks else ""),
+                 "tests/mutmut_seconds.py": (REPO / "tests" / "mutmut_seconds.py").read_text(),
+                 # three() is called in the fixture only, and 4 passes too: a survivor
+                 "tests/test_m.py": "import time\n\nimport pytest\nfrom pkg.m import three\n\n\n"
+                                    "@pytest.fixture(scope='module')\ndef value():\n"
+                                    "    time.sleep(1.5)\n    return three()\n\n\n"
+                                    "def test_a(value):\n    assert value > 0\n\n\n"
+                                    "def test_b(value):\n    assert value > 0\n",
+                 "pyproject.toml": "[tool.mutmut]\nsource_paths = ['src']\n"
+                                   "only_mutate = ['src/pkg/m.py']\n"
+                                   "pytest_add_cli_args_test_selection = ['tests/test_m.py']\n"
+                                   "process_isolation = 'forkserver'\n"
+                                   "timeout_multiplier = 3.0\ntimeout_constant = 0.1\n"}
+        for name, text in files.items():
+            (project / name).parent.mkdir(parents=True, exist_ok=True)
+            (project / name).write_text(text)
+        subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=project, check=True,
+                       capture_output=True)
+        codes = json.loads((project / "mutants/src/pkg/m.py.meta").read_text())
+        seconds = json.loads((project / "mutants/mutmut-stats.json").read_text())
+        return (codes["exit_code_by_key"]["pkg.m.x_three__mutmut_1"],
+                {test.split("::")[1]: s for test, s in seconds["duration_by_test"].items()})
+
+    code, seconds = run(hooks=False)
+    assert (code, max(seconds.values()) < 0.5) == (-24, True)  # SIGXCPU: mutmut's timeout
+    code, seconds = run(hooks=True)
+    assert code == 0 and min(seconds["test_a"], seconds["test_b"]) >= 1.5, (code, seconds)
+
+
 def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, monkeypatch,
                                                                      capsys):
     """make mutate writes mutmut's verdicts and its logs into docs/mutation-record.json after
