@@ -869,6 +869,21 @@ def test_under_a_mutant_a_sigterm_that_no_handler_takes_is_a_kill(tmp_path):
     assert handled.returncode == 0, handled.stdout[-2000:]
 
 
+def mutmut_project(root: Path, files: dict[str, str]) -> Path:
+    """A small project for mutmut's real runs: each file's text at its path under root."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def run_mutmut(project: Path) -> dict[str, int | None]:
+    """`mutmut run` in project, then its verdicts of src/pkg/m.py (mutant -> exit code)."""
+    subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=project, check=True,
+                   capture_output=True)
+    return json.loads((project / "mutants/src/pkg/m.py.meta").read_text())["exit_code_by_key"]
+
+
 def test_a_mutants_limits_count_the_fixtures_its_tests_set_up(tmp_path):
     """mutmut sets a mutant's time limits from its tests' times, and times only each test's
     call. A process that runs a mutant's tests also sets up their fixtures, so a survivor
@@ -879,7 +894,6 @@ def test_a_mutants_limits_count_the_fixtures_its_tests_set_up(tmp_path):
     1.5 s: with the hooks, the survivor survives and both tests count the setup; without
     them, both tests count about nothing and the survivor is a timeout."""
     def run(hooks: bool) -> tuple[int, dict[str, float]]:
-        project = tmp_path / ("with" if hooks else "without")
         files = {"src/pkg/__init__.py": "", "src/pkg/m.py": "def three():\n    return 3\n",
                  "tests/conftest.py": "import sys\nsys.path.insert(0, 'src')\n" + (
                      "from mutmut_seconds import pytest_fixture_setup, "
@@ -896,14 +910,10 @@ def test_a_mutants_limits_count_the_fixtures_its_tests_set_up(tmp_path):
                                    "pytest_add_cli_args_test_selection = ['tests/test_m.py']\n"
                                    "process_isolation = 'forkserver'\n"
                                    "timeout_multiplier = 3.0\ntimeout_constant = 0.1\n"}
-        for name, text in files.items():
-            (project / name).parent.mkdir(parents=True, exist_ok=True)
-            (project / name).write_text(text)
-        subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=project, check=True,
-                       capture_output=True)
-        codes = json.loads((project / "mutants/src/pkg/m.py.meta").read_text())
+        project = mutmut_project(tmp_path / ("with" if hooks else "without"), files)
+        codes = run_mutmut(project)
         seconds = json.loads((project / "mutants/mutmut-stats.json").read_text())
-        return (codes["exit_code_by_key"]["pkg.m.x_three__mutmut_1"],
+        return (codes["pkg.m.x_three__mutmut_1"],
                 {test.split("::")[1]: s for test, s in seconds["duration_by_test"].items()})
 
     code, seconds = run(hooks=False)
@@ -926,28 +936,20 @@ def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, 
     import mutate_record as record
 
     first, clone = tmp_path / "first", tmp_path / "clone"
-    for name, text in {"src/pkg/__init__.py": "",
-                       "src/pkg/m.py": "def add(a, b):\n    return a + b\n\n\n"
-                                       "def scale(a):\n    return a * 3 + 1\n",
-                       "tests/conftest.py": "import sys\nsys.path.insert(0, 'src')\n",
-                       "tests/test_m.py": "from pkg.m import add, scale\n\n\ndef test_m():\n"
-                                          "    assert add(2, 3) == 5 and scale(2) == 7\n",
-                       "tests/test_other.py": "", "tests/test_some.py": "",
-                       "tests/mutation_equivalent.yaml": "[]\n",
-                       "pyproject.toml": "[tool.mutmut]\nsource_paths = ['src']\n"
-                                         "only_mutate = ['src/pkg/m.py']\n"
-                                         "pytest_add_cli_args_test_selection = "
-                                         "['tests/test_m.py']\n"}.items():
-        (first / name).parent.mkdir(parents=True, exist_ok=True)
-        (first / name).write_text(text)
+    mutmut_project(first, {"src/pkg/__init__.py": "",
+                          "src/pkg/m.py": "def add(a, b):\n    return a + b\n\n\n"
+                                          "def scale(a):\n    return a * 3 + 1\n",
+                          "tests/conftest.py": "import sys\nsys.path.insert(0, 'src')\n",
+                          "tests/test_m.py": "from pkg.m import add, scale\n\n\ndef test_m():\n"
+                                             "    assert add(2, 3) == 5 and scale(2) == 7\n",
+                          "tests/test_other.py": "", "tests/test_some.py": "",
+                          "tests/mutation_equivalent.yaml": "[]\n",
+                          "pyproject.toml": "[tool.mutmut]\nsource_paths = ['src']\n"
+                                            "only_mutate = ['src/pkg/m.py']\n"
+                                            "pytest_add_cli_args_test_selection = "
+                                            "['tests/test_m.py']\n"})
     shutil.copytree(first, clone)
-
-    def mutmut(folder: Path) -> dict:
-        subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=folder, check=True,
-                       capture_output=True)
-        return json.loads((folder / "mutants/src/pkg/m.py.meta").read_text())["exit_code_by_key"]
-
-    assert set(mutmut(first).values()) == {1}  # five mutants, each killed
+    assert set(run_mutmut(first).values()) == {1}  # five mutants, each killed
     config, paths, logs = {"only_mutate": ["src/pkg/m.py"],
                            "pytest_add_cli_args_test_selection": [
                                "tests/test_m.py", "tests/test_some.py::test_a"]}, [
@@ -967,7 +969,7 @@ def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, 
     profile = mutate.Profile("core", clone, config)
     mutate.resume(profile, tree)
     assert "goes on from the 4 verdicts" in capsys.readouterr().out
-    codes = mutmut(clone)
+    codes = run_mutmut(clone)
     assert (codes["pkg.m.x_scale__mutmut_2"], codes["pkg.m.x_scale__mutmut_3"]) == (0, 1)
     assert (clone / "mutants" / mutate.RUNS_LOG).read_text() == (
         first / "mutants" / mutate.RUNS_LOG).read_text()
