@@ -10,7 +10,7 @@ ifneq ($(wildcard $(MIRROR)/SHA256SUMS),)
 export MULTI30K_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: setup test test-fast coverage mutate reproduce demo demo-search smoke bench-data lint lock clean gpu-bundle
+.PHONY: setup test test-fast coverage mutate mutate-stop reproduce demo demo-search smoke bench-data lint lock clean gpu-bundle
 
 setup: $(VENV)/.installed  ## create .venv with the pinned dependencies (torch==2.13.0 included)
 
@@ -58,6 +58,13 @@ MODULE ?=
 PROFILE ?=
 mutate: setup  ## mutation testing (two profiles): docs/mutation.md (MODULE=path: one module; PROFILE=core or training: one profile)
 	$(BIN)/python tools/mutate.py $(if $(MODULE),--module $(MODULE)) $(if $(PROFILE),--profile $(PROFILE))
+
+# A whole run outlasts a session: stop it with this (from another shell in the same checkout),
+# not Ctrl-C, whose SIGINT reaches the tests and can decide the verdicts of the mutants running;
+# it leaves no process behind and the record (docs/mutation-record.json) with only the tests'
+# verdicts, to commit and go on from in a new clone (tools/mutate_stop.py).
+mutate-stop:  ## stop a running make mutate: its record keeps only the verdicts the tests gave
+	$(BIN)/python tools/mutate_stop.py
 
 check-data: setup  ## every SHA256SUMS and DVC cache object against the bytes: one line a damaged file (`nmt check`)
 	$(BIN)/nmt check

@@ -1005,6 +1005,105 @@ def test_a_whole_run_goes_on_in_a_new_clone_from_the_committed_record(tmp_path, 
         record.verdicts(first / "mutants", paths)
 
 
+def test_a_stop_keeps_the_verdicts_of_the_snapshot_and_no_other(tmp_path):
+    """make mutate-stop takes a snapshot of mutmut's verdicts before it stops the run: a
+    verdict given after it (which the stop may have given) is set back to not run, and a .meta
+    that the stop cut short mid-write is the snapshot's again (tools/mutate_stop.py)."""
+    load_mutate()
+    import mutate_stop
+
+    def meta(*codes: int | None) -> dict:  # a .meta of pkg.m.f's mutants 1, 2, ...
+        return {"exit_code_by_key": {f"pkg.m.x_f__mutmut_{n}": code
+                                     for n, code in enumerate(codes, start=1)},
+                "hash_by_function_name": {"pkg.m.x_f": "h"}, "type_check_error_by_key": {},
+                "durations_by_key": {}, "estimated_durations_by_key": {}}
+
+    late, torn = tmp_path / "late.py.meta", tmp_path / "torn.py.meta"
+    for path in (late, torn):
+        path.write_text(json.dumps(meta(1, None, None)))
+    snapshot = mutate_stop.snapshot_of(tmp_path, [Path("late.py"), Path("torn.py")])
+    late.write_text(json.dumps(meta(1, 0, 1)))  # two verdicts since
+    torn.write_text(late.read_text()[:40])  # the stop's SIGTERM in mutmut's write
+    assert mutate_stop.set_back(snapshot) == ["pkg.m.x_f__mutmut_2", "pkg.m.x_f__mutmut_3"]
+    for path in (late, torn):
+        assert json.loads(path.read_text()) == meta(1, None, None), path
+    assert mutate_stop.given_after({"a": 1, "b": None}, {"a": 0, "b": 1, "c": None}) == ["a", "b"]
+
+
+def test_make_mutate_stop_ends_the_run_and_records_what_the_tests_gave(tmp_path):
+    """A run stopped by make mutate-stop (tools/mutate_stop.py) leaves no process behind, the
+    mutants it was running among them, and its record holds each verdict the tests gave and
+    none for the mutants the stop cut short. mutmut runs for real (tools/mutate.py, as make
+    mutate runs it) on a project whose fast() mutants are killed at once and whose slow()
+    mutants sleep a minute in their test, the stop coming while they sleep."""
+    files = {"src/pkg/__init__.py": "",
+             "src/pkg/m.py": "def fast(a):\n    return a * 3\n\n\n"
+                             "def slow(a):\n    return a + 1\n",
+             "tests/conftest.py": "import sys\nsys.path.insert(0, 'src')\n",
+             "tests/test_m.py": (
+                 "import os\nimport time\nfrom pathlib import Path\n\n"
+                 "from pkg.m import fast, slow\n\n\ndef test_fast():\n"
+                 "    assert fast(2) == 6\n\n\ndef test_slow():\n"
+                 "    if 'x_slow' in os.environ.get('MUTANT_UNDER_TEST', ''):\n"
+                 "        (Path(os.environ['SLEEPING']) / str(os.getpid())).touch()\n"
+                 "        time.sleep(60)\n"
+                 "    time.sleep(0.3)  # in the stats too: mutmut runs slow()'s mutants last\n"
+                 "    assert slow(1) == 2\n"),
+             "tests/mutation_equivalent.yaml": "[]\n",
+             "pyproject.toml": "[tool.mutmut]\nsource_paths = ['src']\n"
+                               "only_mutate = ['src/pkg/m.py']\n"
+                               "pytest_add_cli_args_test_selection = ['tests/test_m.py']\n"
+                               "process_isolation = 'forkserver'\n",
+             **{f"tools/{name}": (REPO / "tools" / name).read_text() for name in (
+                 "mutate.py", "mutate_record.py", "mutmut_results.py", "mutate_stop.py")}}
+    project, sleeping = mutmut_project(tmp_path / "project", files), tmp_path / "sleeping"
+    (project / "docs").mkdir()
+    sleeping.mkdir()
+    env = {**os.environ, "SLEEPING": str(sleeping)}
+    log = open(tmp_path / "make-mutate.out", "w")  # noqa: SIM115 (mutmut's spinner: a file)
+    run = subprocess.Popen([sys.executable, "tools/mutate.py", "--profile", "core"],
+                           cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT)
+    meta = project / "mutants/src/pkg/m.py.meta"
+
+    def fast_codes() -> list:
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+            codes = json.loads(meta.read_text())["exit_code_by_key"]
+            return [code for name, code in codes.items() if "x_fast" in name]
+        return []
+
+    deadline = time.monotonic() + 120
+    while not (any(sleeping.iterdir()) and fast_codes() and None not in fast_codes()):
+        assert run.poll() is None and time.monotonic() < deadline, log.name
+        time.sleep(0.2)
+    started = time.monotonic()
+    stop = subprocess.run([sys.executable, "tools/mutate_stop.py", "--wait", "20"],
+                          cwd=project, capture_output=True, text=True, timeout=90)
+    assert stop.returncode == 0 and time.monotonic() - started < 30, stop.stderr
+    assert run.wait(timeout=10) != 0, "mutmut's stop is not a finished run"
+    log.close()
+    sleepers = [int(path.name) for path in sleeping.iterdir()]
+    assert not [pid for pid in sleepers if pid_lives(pid)], "a mutant's tests still run"
+
+    held = json.loads((project / "docs/mutation-record.json").read_text())["core"]
+    codes = held["verdicts"]["src/pkg/m.py"]["codes"]
+    assert set(codes["pkg.m.x_fast"]) == {1} and set(codes["pkg.m.x_slow"]) == {None}, codes
+    given = len(codes["pkg.m.x_fast"])
+    total = given + len(codes["pkg.m.x_slow"])
+    assert f"stopped at {given} of {total} verdicts (tree {held['tree']}); 0 given" in stop.stdout
+    again = subprocess.run([sys.executable, "tools/mutate_stop.py"], cwd=project,
+                           capture_output=True, text=True, timeout=60)
+    assert (again.returncode, again.stderr.strip()) == (1, f"mutate-stop: no make mutate of "
+                                                           f"{project} is running mutmut "
+                                                           f"(nothing stopped)")
+
+
+def pid_lives(pid: int) -> bool:
+    """The process runs (a zombie that no parent reaped yet does not)."""
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
 def test_mutmut_copies_a_file_inside_a_folder_once_make_mutate_made_the_folder(tmp_path):
     """also_copy lists what the tests read, a file inside a folder among them
     (tools/gpu/check_graphs.py): mutmut's own copy of it fails without its folder in mutants/,
