@@ -46,10 +46,14 @@ def tokenized(prepared, tmp_path_factory):
 
 def tiny_params() -> dict:
     """The published recipe with the TINY model: what save_run's checkpoints were "trained" with
-    (evaluate refuses a best.pt of other settings)."""
+    (evaluate refuses a best.pt of other settings), decoding in fp32. Its `auto` would have
+    evaluate measure fp32 against bf16 on this CPU where the recipe recorded no choice: a
+    benchmark of half a minute that each mutant's process paid again (make mutate), whose
+    choice follows the host's noise; test_evaluate_decodes_in_the_precision_its_recipe_recorded
+    runs `auto`, and test_precision.py the measurement."""
     params = resolve(load_params(REPO / "params.yaml"), "published")
     params["model"] = asdict(TINY)
-    params["train"]["device"] = "cpu"
+    params["train"] |= {"device": "cpu", "precision": "fp32"}
     params["evaluate"] |= {"testsets": TESTSETS, "batch_size": 32, "beam_size": 3}
     return params
 
@@ -112,7 +116,7 @@ def test_evaluate_writes_metrics_and_translations(prepared, tokenized, tmp_path,
     assert "tok:13a" in about["signature"]["bleu"] and set(about["signature"]) == {"bleu", "chrf"}
     assert about["unknown_words"] == "copy"
     assert about["device"] == "cpu" and about["attention_kernels"] == limit_attention_kernels()
-    assert about["precision"] in ("fp32", "bf16") and about["precision_reason"]
+    assert (about["precision"], about["precision_reason"]) == ("fp32", "train.precision: fp32")
     # what the report reads the run's stage from (the record of translations/)
     assert recorded_stage(run_dir / "translations" / RECORD) == f"evaluate@published-{name}-0"
     model, codecs = load(run_dir / "best.pt")[0], load_codecs(prepared["word"])
@@ -403,7 +407,8 @@ def test_nmt_evaluate_scores_the_seed_it_is_given(prepared, tokenized, tmp_path,
     each decoding's progress bar names its test set and search."""
     save_run(tmp_path / "results" / "published-scratch-s1", "scratch", "published",
              prepared["word"])
-    edit_params(params_file, model=asdict(TINY), evaluate=tiny_params()["evaluate"])
+    edit_params(params_file, model=asdict(TINY), evaluate=tiny_params()["evaluate"],
+                train={"precision": "fp32"})  # as tiny_params: nothing measured
     argv = ["--params", str(params_file), "evaluate", "--model", "scratch", "--seed", "1",
             "--results", str(tmp_path / "results"), "--tokenized", str(tokenized), "--vocab",
             str(prepared["word"])]
@@ -435,7 +440,8 @@ def test_evaluate_out_of_memory_names_what_the_search_holds(prepared, tokenized,
     search it names the beam too, with the hypotheses a batch holds."""
     save_run(tmp_path / "results" / "published-scratch-s0", "scratch", "published",
              prepared["word"])
-    edit_params(params_file, model=asdict(TINY), evaluate=tiny_params()["evaluate"])
+    edit_params(params_file, model=asdict(TINY), evaluate=tiny_params()["evaluate"],
+                train={"precision": "fp32"})  # as tiny_params: nothing measured
     monkeypatch.setattr(f"nmt.core.decoding.{search}", out_of_memory)
     argv = ["--params", str(params_file), "evaluate", "--model", "scratch", "--results",
             str(tmp_path / "results"), "--tokenized", str(tokenized), "--vocab",
