@@ -1081,6 +1081,9 @@ def test_make_mutate_stop_ends_the_run_and_records_what_the_tests_gave(tmp_path)
     assert stop.returncode == 0 and time.monotonic() - started < 30, stop.stderr
     assert run.wait(timeout=10) != 0, "mutmut's stop is not a finished run"
     log.close()
+    assert (tmp_path / "make-mutate.out").read_text().splitlines()[-1] == (
+        "mutate: mutmut run ended by SIGTERM; its verdicts so far are in "
+        "docs/mutation-record.json, where the next run goes on")
     sleepers = [int(path.name) for path in sleeping.iterdir()]
     assert not [pid for pid in sleepers if pid_lives(pid)], "a mutant's tests still run"
 

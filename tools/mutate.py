@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -388,8 +389,15 @@ def main() -> None:
     elif args.module:
         minutes = run_mutmut(profile_of(args.module), args.module)
     else:
-        minutes = sum(run_mutmut(profile) for profile in profiles()
-                      if args.profile in (None, profile.name))
+        try:
+            minutes = sum(run_mutmut(profile) for profile in profiles()
+                          if args.profile in (None, profile.name))
+        except subprocess.CalledProcessError as stopped:  # make mutate-stop, or mutmut failed
+            code = stopped.returncode
+            how = signal.Signals(-code).name if code < 0 else f"exit {code}"
+            print(flush=True)  # off the row of mutmut's counter
+            sys.exit(f"mutate: mutmut run ended by {how}; its verdicts so far are in "
+                     f"{record.RECORD.relative_to(ROOT)}, where the next run goes on")
     SUMMARY.write_text(summary(minutes))
     text = SUMMARY.read_text()
     print(text.split("## Survivors")[0].rstrip())
