@@ -212,6 +212,19 @@ def test_timed_batches_stay_on_the_host_as_training_hands_them_over(prepared):
     assert all(t.device.type == "cpu" for batch in timed for t in batch)
 
 
+def test_a_precision_too_slow_for_the_calibrations_size_is_timed_on_smaller_matrices():
+    """The CPU's peak is timed on matrices as large as CALIBRATION_SECONDS allows, up to the
+    calibration's size: bf16 without bf16 instructions (an AVX2 AMD EPYC) took about a minute
+    a product at 2048, and each bench takes two peaks of six products."""
+    from nmt.stages.bench.flops import MIN_CALIBRATION_SIZE, calibration_size, matmul_peak
+
+    cpu = torch.device("cpu")
+    assert calibration_size(torch.float32, cpu, 512, seconds=0.0) == MIN_CALIBRATION_SIZE
+    assert calibration_size(torch.float32, cpu, 512, seconds=1e9) == 512
+    assert calibration_size(torch.float32, cpu, 128, seconds=1e9) == 128  # never above it
+    assert matmul_peak(torch.bfloat16, cpu, 512, seconds=0.0) > 0
+
+
 def test_train_flops_is_what_torch_counts_in_a_step():
     """bench's FLOP formula (MFU's numerator) against torch's FLOP counter on one training step
     (forward and backward) of the scratch model, exactly. The batch has no padding, so the

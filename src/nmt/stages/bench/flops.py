@@ -18,9 +18,11 @@ from nmt.stages.bench.timing import sync
 BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
 # The CPU's calibration: the fastest of the products of two square matrices of this size
 # (2 x 2048^3 = 17 GFLOP each: 55-70 ms in fp32 and 9-17 ms in bf16 on 2 cores with AMX)
-# repeated for CALIBRATION_SECONDS, after one untimed. On this repository's 2-core VM the best
+# repeated for CALIBRATION_SECONDS (5 at least; smaller where a precision is too slow for
+# them: calibration_size). On this repository's 2-core VM the best
 # of one calibration varied between processes: 179-322 GFLOP/s fp32, 844-2,150 bf16.
 CALIBRATION_SIZE, CALIBRATION_SECONDS = 2048, 0.5
+MIN_CALIBRATION_SIZE = 256  # where a slow precision's products start (calibration_size)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -37,18 +39,39 @@ def peak_flops(device: torch.device) -> dict:
 @torch.inference_mode()
 def matmul_peak(dtype: torch.dtype, device: torch.device, size: int = CALIBRATION_SIZE,
                 seconds: float = CALIBRATION_SECONDS) -> float:
-    """FLOP/s of the fastest product of two size x size matrices in dtype, of those `seconds`
-    allow (5 at least), on this process's threads: what the machine's matrix units give."""
-    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
-    a @ b  # untimed: kernel selection, memory
+    """FLOP/s of the fastest product of two n x n matrices in dtype, of those `seconds` allow
+    (5 at least), on this process's threads: what the machine's matrix units give. n is
+    calibration_size's: `size`, or less where products of it would not fit `seconds`."""
+    n = calibration_size(dtype, device, size, seconds)
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     times: list[float] = []
     while len(times) < 5 or sum(times) < seconds:
-        sync(device)
-        start = time.perf_counter()
-        a @ b
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / min(times)
+        times.append(product_seconds(a, b, device))
+    return 2 * n**3 / min(times)
+
+
+def calibration_size(dtype: torch.dtype, device: torch.device, size: int = CALIBRATION_SIZE,
+                     seconds: float = CALIBRATION_SECONDS) -> int:
+    """The side of matmul_peak's matrices: doubled from MIN_CALIBRATION_SIZE up to `size` while
+    one product of the next size (8 times the work) fits `seconds`. bf16 on a CPU without bf16
+    instructions (an AVX2 AMD EPYC) took 0.8 s at 512 and so about a minute a product at
+    2048, where AMX takes 9-17 ms: six such products a peak, two peaks a bench, 10 minutes."""
+    n = MIN_CALIBRATION_SIZE
+    while n < size:
+        a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+        if product_seconds(a, b, device) * 8 > seconds:  # its first: an upper bound
+            break
+        n *= 2
+    return min(n, size)
+
+
+def product_seconds(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> float:
+    """Seconds of one product a @ b, the device synchronized before and after."""
+    sync(device)
+    start = time.perf_counter()
+    a @ b
+    sync(device)
+    return time.perf_counter() - start
 
 
 def train_flops(cfg: ModelConfig, tgt_vocab_size: int, batches) -> float:
